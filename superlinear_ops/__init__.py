@@ -1,0 +1,32 @@
+"""superlinear-ops: fast, checked Superlinear span attention for NVIDIA GPUs (and CPU).
+
+The public functions are drop-in replacements for the ``superlinear`` 0.1.0 span API.
+"""
+
+from .api import (
+    decode_span_attention,
+    decode_span_attention_gqa,
+    decode_span_attention_staged,
+    decode_span_attention_staged_gqa,
+    fused_span_attention,
+    fused_span_attention_gqa,
+    span_attention,
+    span_attention_gqa,
+)
+from .geometry import compute_qend_from_qanchor, max_stripe_index_for_token_pos, window_len_from_sw_index
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "compute_qend_from_qanchor",
+    "decode_span_attention",
+    "decode_span_attention_gqa",
+    "decode_span_attention_staged",
+    "decode_span_attention_staged_gqa",
+    "fused_span_attention",
+    "fused_span_attention_gqa",
+    "max_stripe_index_for_token_pos",
+    "span_attention",
+    "span_attention_gqa",
+    "window_len_from_sw_index",
+]

@@ -1,0 +1,175 @@
+"""Public span-attention API, drop-in for the ``superlinear`` 0.1.0 span API.
+
+Argument names, order and defaults follow the original, except ``block_k``, whose default is
+``None`` (the library chooses; an int forces it). ``span_len_factor`` is accepted and checked but
+no longer bounds anything: spans of any length are computed exactly. Extra keyword-only
+arguments: ``validate`` (run the checks that read tensor values, see ``validation``).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from . import geometry, validation
+from .decode import staged_decode
+from .kernels.launch import KernelConfig
+from .ops import span_attention_forward
+
+FORCE_MODES = (None, "sdpa", "span")
+
+
+def _checked_block_k(block_k: int | None) -> int | None:
+    if block_k is not None:
+        KernelConfig(block_k=block_k)  # raises ValueError naming block_k when it is unusable
+    return block_k
+
+
+def _window(sw_index: int, search_power: float | None, inv_search_power_int: int | None) -> int:
+    return geometry.window_len_from_sw_index(
+        sw_index, search_power=search_power, inv_search_power_int=inv_search_power_int
+    )
+
+
+def fused_span_attention_gqa(
+    Q2: torch.Tensor,
+    K: torch.Tensor,
+    V: torch.Tensor,
+    qstart: torch.Tensor,
+    qend: torch.Tensor,
+    cache_position: torch.Tensor,
+    attention_mask: torch.Tensor | None = None,
+    sw_index: int = 0,
+    block_k: int | None = None,
+    span_len_factor: float = 2.0,
+    span_power: float = 0.5,
+    search_power: float | None = None,
+    inv_search_power_int: int | None = 2,
+    *,
+    validate: bool | None = None,
+) -> torch.Tensor:
+    """Span attention for GQA or MHA: per-span outputs [B, Hq, Lq, K, D] (SPEC section 2).
+
+    Q2 [B, Hq, Lq, D]; K, V [B, Hkv, Lkv, D] with Hq % Hkv == 0; qstart/qend [B, Hq, Lq, K]
+    inclusive (-1 marks an unused slot); cache_position [Lq]; attention_mask [B, >= Lkv].
+    Differentiable in Q2, K and V.
+    """
+    validation.check_span_inputs(Q2, K, V, qstart, qend, cache_position, attention_mask)
+    geometry.check_factor("span_len_factor", span_len_factor, allow_zero=False)
+    geometry.check_span_power(span_power)
+    window = _window(sw_index, search_power, inv_search_power_int)
+    if validation.validation_requested(validate):
+        validation.check_span_contract(qstart, qend, cache_position, K.shape[2], window)
+    return span_attention_forward(
+        Q2, K, V, qstart, qend, cache_position, attention_mask, window, block_k=_checked_block_k(block_k)
+    )
+
+
+def fused_span_attention(
+    Q2: torch.Tensor,
+    K: torch.Tensor,
+    V: torch.Tensor,
+    qstart: torch.Tensor,
+    qend: torch.Tensor,
+    cache_position: torch.Tensor,
+    attention_mask: torch.Tensor | None = None,
+    sw_index: int = 0,
+    block_k: int | None = None,
+    span_len_factor: float = 2.0,
+    *,
+    span_power: float = 0.5,
+    search_power: float | None = None,
+    inv_search_power_int: int | None = 2,
+    validate: bool | None = None,
+) -> torch.Tensor:
+    """Span attention with the MHA signature of the original (same op as the GQA entry point)."""
+    return fused_span_attention_gqa(
+        Q2, K, V, qstart, qend, cache_position, attention_mask, sw_index, block_k, span_len_factor,
+        span_power, search_power, inv_search_power_int, validate=validate,
+    )
+
+
+def decode_span_attention_staged_gqa(
+    Q1: torch.Tensor,
+    Q2: torch.Tensor,
+    K: torch.Tensor,
+    V: torch.Tensor,
+    cache_position: torch.Tensor,
+    attention_mask: torch.Tensor | None = None,
+    sw_index: int = 0,
+    topk: int = 3,
+    enable_gqa: bool = True,
+    block_k: int | None = None,
+    backward_factor: float = 2.0,
+    forward_factor: float = 0.0,
+    span_power: float = 0.5,
+    search_power: float | None = None,
+    inv_search_power_int: int | None = 2,
+    force_mode: str | None = None,
+    *,
+    validate: bool | None = None,
+) -> torch.Tensor:
+    """Staged decode [B, Hq, 1, D] (SPEC section 3); CUDA-graph safe, no host synchronisation.
+
+    Q1 is the search query, Q2 the attention query, both [B, Hq, 1, D]; K, V [B, Hkv, Lkv, D]
+    may be a static cache larger than the filled prefix; the last cache_position entry is the
+    decode position. ``enable_gqa`` is accepted for compatibility (GQA always works).
+    ``force_mode="sdpa"`` returns plain attention over keys [0, pos]; ``"span"`` and ``None``
+    return the staged result (which already equals plain attention when t <= W).
+    """
+    validation.check_decode_inputs(Q1, Q2, K, V, cache_position, attention_mask, topk)
+    if force_mode not in FORCE_MODES:
+        raise ValueError(f"force_mode must be one of {FORCE_MODES}, got {force_mode!r}")
+    if not isinstance(enable_gqa, bool):
+        raise TypeError(f"enable_gqa must be a bool, got {type(enable_gqa).__name__}")
+    params = geometry.power_params(search_power=search_power, inv_search_power_int=inv_search_power_int)
+    sw_index = geometry.check_non_negative_int("sw_index", sw_index)
+    backward_factor = geometry.check_factor("backward_factor", backward_factor, allow_zero=True)
+    forward_factor = geometry.check_factor("forward_factor", forward_factor, allow_zero=True)
+    span_power = geometry.check_span_power(span_power)
+    block_k = _checked_block_k(block_k)
+    if validation.validation_requested(validate) and bool((cache_position < 0).any()):
+        raise ValueError("cache_position must be >= 0")
+    if force_mode == "sdpa":
+        batch, hq = Q2.shape[:2]
+        no_span = torch.full((batch, hq, 1, 1), -1, dtype=torch.int64, device=Q2.device)
+        prefix = span_attention_forward(
+            Q2, K, V, no_span, no_span, cache_position[-1:], attention_mask, K.shape[2], block_k=block_k
+        )
+        return prefix[:, :, :, 0]
+    return staged_decode(
+        Q1, Q2, K, V, cache_position, attention_mask,
+        sw_index=sw_index, topk=topk, backward_factor=backward_factor, forward_factor=forward_factor,
+        span_power=span_power, params=params, block_k=block_k,
+    )
+
+
+def decode_span_attention_staged(
+    Q1: torch.Tensor,
+    Q2: torch.Tensor,
+    K: torch.Tensor,
+    V: torch.Tensor,
+    cache_position: torch.Tensor,
+    attention_mask: torch.Tensor | None = None,
+    sw_index: int = 0,
+    topk: int = 3,
+    backward_factor: float = 2.0,
+    forward_factor: float = 0.0,
+    *,
+    span_power: float = 0.5,
+    search_power: float | None = None,
+    inv_search_power_int: int | None = 2,
+    block_k: int | None = None,
+    validate: bool | None = None,
+) -> torch.Tensor:
+    """Staged decode with the MHA signature of the original (same op as the GQA entry point)."""
+    return decode_span_attention_staged_gqa(
+        Q1, Q2, K, V, cache_position, attention_mask, sw_index, topk, True, block_k,
+        backward_factor, forward_factor, span_power, search_power, inv_search_power_int,
+        validate=validate,
+    )
+
+
+span_attention = fused_span_attention
+span_attention_gqa = fused_span_attention_gqa
+decode_span_attention = decode_span_attention_staged
+decode_span_attention_gqa = decode_span_attention_staged_gqa

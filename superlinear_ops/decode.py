@@ -1,0 +1,83 @@
+"""Staged decode (SPEC section 3): stripe search, top-k anchors, spans, span attention, gate.
+
+CUDA-graph safe: every shape comes from Lkv and the arguments (never from the decode position),
+there is no host synchronisation and no data-dependent Python branch. The short-prefix rule needs
+no second attention: when t <= W no stripe can precede the window, so every span slot is empty,
+every O_j is the attention over keys [0, pos] and the uniform gate returns exactly that.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from . import geometry
+from .ops import span_attention_forward
+
+
+def staged_decode(
+    q1: torch.Tensor,
+    q2: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    cache_position: torch.Tensor,
+    attention_mask: torch.Tensor | None,
+    *,
+    sw_index: int,
+    topk: int,
+    backward_factor: float,
+    forward_factor: float,
+    span_power: float,
+    params: geometry.PowerParams,
+    block_k: int | None = None,
+) -> torch.Tensor:
+    """Decode output [B, Hq, 1, D] for validated inputs."""
+    batch, hq, _, dim = q1.shape
+    hkv, lkv = k.shape[1], k.shape[2]
+    rep = hq // hkv
+    device = q1.device
+    window = geometry.window_length(sw_index, params)
+
+    decode_position = cache_position[-1:].to(torch.int64)
+    pos = decode_position.clamp(max=lkv - 1)  # [1]
+    t = pos + 1
+
+    # 1. Stripes and their validity (per batch row: each row's own mask).
+    offsets = geometry.stripe_offsets_tensor(lkv, sw_index, params, device)  # [S']
+    loc = t - offsets
+    window_start = (pos - window + 1).clamp(min=0)
+    valid = ((loc >= 0) & (loc < window_start)).expand(batch, -1)  # [B, S']
+    safe_loc = loc.clamp(0, lkv - 1)
+    if attention_mask is not None:
+        valid = valid & (attention_mask[:, safe_loc] != 0)
+
+    # 2. Search scores (fp32, unscaled) and top-k.
+    stripe_keys = k.index_select(2, safe_loc).float()  # [B, Hkv, S', D]
+    scores = torch.einsum("bgrd,bgsd->bgrs", q1.float().view(batch, hkv, rep, dim), stripe_keys)
+    scores = scores.reshape(batch, hq, -1).masked_fill(~valid[:, None, :], float("-inf"))
+    found = min(topk, scores.shape[-1])
+    top_scores, top_index = torch.topk(scores, found, dim=-1)
+    if found < topk:
+        pad = (0, topk - found)
+        top_scores = torch.nn.functional.pad(top_scores, pad, value=float("-inf"))
+        top_index = torch.nn.functional.pad(top_index, pad, value=0)
+    chosen = top_scores > float("-inf")
+    anchor = torch.where(chosen, safe_loc[top_index], torch.full_like(top_index, -1))  # [B, Hq, topk]
+
+    # 3. Spans.
+    back_len = geometry.span_length_table(backward_factor, span_power, lkv, device)[t]  # [1]
+    qstart = torch.where(chosen, (anchor - back_len).clamp(min=0), torch.full_like(anchor, -1))
+    qend = geometry.span_ends(
+        anchor[:, :, None, :], decode_position, lkv, window, attention_mask, forward_factor, span_power
+    )
+
+    # 4. Span outputs, window included in each.
+    span_out = span_attention_forward(
+        q2, k, v, qstart[:, :, None, :], qend, decode_position, attention_mask, window, block_k=block_k
+    )  # [B, Hq, 1, topk, D]
+
+    # 5. Gate: softmax over the chosen spans' scores; uniform when no span was chosen.
+    any_chosen = chosen.any(dim=-1, keepdim=True)
+    gate_logits = torch.where(any_chosen, top_scores, torch.zeros_like(top_scores))
+    gate = torch.softmax(gate_logits, dim=-1)  # [B, Hq, topk]
+    out = (gate[:, :, None, :, None] * span_out.float()).sum(dim=3)
+    return out.to(q2.dtype)

@@ -1,0 +1,312 @@
+"""Exact integer geometry of span attention: power parameters, windows, stripes and span lengths.
+
+Every integer here is defined by exact arithmetic (SPEC section 1). The integer path (inv_p an
+integer in 2..6) uses Python integers. The float path evaluates in float64 and settles any value
+that lands within a hair of an integer with 60-digit decimal arithmetic, so float rounding can
+never move a stripe, a window edge or a span end by one position.
+"""
+
+from __future__ import annotations
+
+import math
+import threading
+from dataclasses import dataclass
+from decimal import Decimal, localcontext
+
+import numpy as np
+import torch
+
+INTEGER_INV_POWERS = (2, 3, 4, 5, 6)
+_NEAR_INTEGER = 1e-9  # relative distance under which float64 results are re-checked exactly
+
+
+@dataclass(frozen=True)
+class PowerParams:
+    """The search power p and its inverse; ``inv_int`` is n on the integer path, else 0."""
+
+    p: float
+    inv_p: float
+    inv_int: int
+
+    @property
+    def integer_path(self) -> bool:
+        """True when stripe powers are exact integer powers."""
+        return self.inv_int != 0
+
+
+def _finite_float(name: str, value: object) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise TypeError(f"{name} must be a real number, got {type(value).__name__} ({value!r})")
+    value = float(value)
+    if not math.isfinite(value):
+        raise ValueError(f"{name} must be finite, got {value!r}")
+    return value
+
+
+def check_non_negative_int(name: str, value: object) -> int:
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
+        raise TypeError(f"{name} must be an int, got {type(value).__name__} ({value!r})")
+    if value < 0:
+        raise ValueError(f"{name} must be >= 0, got {value}")
+    return int(value)
+
+
+def power_params(*, search_power: float | None, inv_search_power_int: int | None) -> PowerParams:
+    """Check the power arguments (exactly one must be given) and derive p and inv_p."""
+    if (search_power is None) == (inv_search_power_int is None):
+        raise ValueError(
+            "give exactly one of search_power (a float in (0, 1)) or inv_search_power_int "
+            f"(one of {INTEGER_INV_POWERS}); got search_power={search_power!r}, "
+            f"inv_search_power_int={inv_search_power_int!r}"
+        )
+    if inv_search_power_int is not None:
+        if isinstance(inv_search_power_int, bool) or not isinstance(inv_search_power_int, int):
+            raise TypeError(
+                f"inv_search_power_int must be an int, got {type(inv_search_power_int).__name__}"
+            )
+        if inv_search_power_int not in INTEGER_INV_POWERS:
+            raise ValueError(
+                f"inv_search_power_int must be one of {INTEGER_INV_POWERS}, got {inv_search_power_int}"
+            )
+        n = inv_search_power_int
+        return PowerParams(p=1.0 / n, inv_p=float(n), inv_int=n)
+    p = _finite_float("search_power", search_power)
+    if not 0.0 < p < 1.0:
+        raise ValueError(f"search_power must be in (0, 1), got {p}")
+    inv_p = 1.0 / p
+    n = int(round(inv_p))
+    inv_int = n if n in INTEGER_INV_POWERS and float(n) == inv_p else 0
+    return PowerParams(p=p, inv_p=inv_p, inv_int=inv_int)
+
+
+def check_span_power(span_power: object) -> float:
+    """Return span_power as a float after checking it lies in (0, 1)."""
+    sp = _finite_float("span_power", span_power)
+    if not 0.0 < sp < 1.0:
+        raise ValueError(f"span_power must be in (0, 1), got {sp}")
+    return sp
+
+
+def check_factor(name: str, value: object, *, allow_zero: bool) -> float:
+    """Return a span factor as a float after checking it is finite and >= 0 (or > 0)."""
+    f = _finite_float(name, value)
+    if f < 0.0 or (f == 0.0 and not allow_zero):
+        raise ValueError(f"{name} must be {'>= 0' if allow_zero else '> 0'}, got {f}")
+    return f
+
+
+def _exact_pow(base: int, exponent: float) -> Decimal:
+    with localcontext() as ctx:
+        ctx.prec = 60
+        return Decimal(base) ** Decimal(exponent)
+
+
+def floor_powers(bases: np.ndarray, exponent: float) -> np.ndarray:
+    """floor(b ** exponent) for each integer b >= 0, exact (float64 with exact tie-breaking)."""
+    bases = np.asarray(bases, dtype=np.int64)
+    if float(exponent).is_integer():
+        return np.array([int(b) ** int(exponent) for b in bases.tolist()], dtype=np.int64)
+    values = bases.astype(np.float64) ** exponent
+    result = np.floor(values).astype(np.int64)
+    near = np.abs(values - np.round(values)) <= _NEAR_INTEGER * np.maximum(values, 1.0)
+    for i in np.flatnonzero(near).tolist():
+        result[i] = int(_exact_pow(int(bases[i]), exponent).to_integral_value(rounding="ROUND_FLOOR"))
+    return result
+
+
+def ceil_scaled_powers(factor: float, bases: np.ndarray, exponent: float) -> np.ndarray:
+    """ceil(factor * b ** exponent) for each integer b >= 0, exact (0 for b = 0 or factor = 0)."""
+    bases = np.asarray(bases, dtype=np.int64)
+    values = factor * bases.astype(np.float64) ** exponent
+    result = np.ceil(values).astype(np.int64)
+    near = np.abs(values - np.round(values)) <= _NEAR_INTEGER * np.maximum(values, 1.0)
+    for i in np.flatnonzero(near & (bases > 0)).tolist():
+        with localcontext() as ctx:
+            ctx.prec = 60
+            exact = Decimal(factor) * _exact_pow(int(bases[i]), exponent)
+            result[i] = int(exact.to_integral_value(rounding="ROUND_CEILING"))
+    return result
+
+
+def ceil_scaled_power(factor: float, base: int, exponent: float) -> int:
+    """ceil(factor * base ** exponent), exact."""
+    return int(ceil_scaled_powers(factor, np.array([base]), exponent)[0])
+
+
+def window_length(sw_index: int, params: PowerParams) -> int:
+    """Sliding-window length W = floor((sw_index + 1) ** (1/p)) - 1 for checked parameters."""
+    exponent = float(params.inv_int) if params.integer_path else params.inv_p
+    return int(floor_powers(np.array([sw_index + 1]), exponent)[0]) - 1
+
+
+def window_len_from_sw_index(
+    sw_index: int, *, search_power: float | None = None, inv_search_power_int: int | None = 2
+) -> int:
+    """Sliding-window length W = floor((sw_index + 1) ** (1/p)) - 1 (0 when sw_index = 0)."""
+    sw_index = check_non_negative_int("sw_index", sw_index)
+    params = power_params(search_power=search_power, inv_search_power_int=inv_search_power_int)
+    return window_length(sw_index, params)
+
+
+def _integer_root(value: int, n: int) -> int:
+    root = int(round(value ** (1.0 / n)))
+    while root**n > value:
+        root -= 1
+    while (root + 1) ** n <= value:
+        root += 1
+    return root
+
+
+def max_stripe_index_for_token_pos(
+    token_pos: int, *, search_power: float | None = None, inv_search_power_int: int | None = 2
+) -> int:
+    """Largest stripe index i with floor(i ** (1/p)) <= token_pos."""
+    token_pos = check_non_negative_int("token_pos", token_pos)
+    params = power_params(search_power=search_power, inv_search_power_int=inv_search_power_int)
+    if params.integer_path:
+        return _integer_root(token_pos, params.inv_int)
+    guess = max(int(token_pos**params.p), 0)
+    candidates = np.arange(max(guess - 2, 0), guess + 4)
+    powers = floor_powers(candidates, params.inv_p)
+    # floor(i ** inv_p) is increasing in i, so the answer is the last candidate that fits.
+    fits = candidates[powers <= token_pos]
+    if fits.size == 0 or fits[-1] == candidates[-1]:  # pragma: no cover - guard for wild guesses
+        raise ArithmeticError(f"stripe search failed for token_pos={token_pos}")
+    return int(fits[-1])
+
+
+def stripe_count(key_length: int, sw_index: int, params: PowerParams) -> int:
+    """S of SPEC section 3: max(largest stripe index for key_length, sw_index + 1)."""
+    if params.integer_path:
+        largest = _integer_root(key_length, params.inv_int)
+    else:
+        largest = max_stripe_index_for_token_pos(key_length, search_power=params.p, inv_search_power_int=None)
+    return max(largest, sw_index + 1)
+
+
+def stripe_offsets(key_length: int, sw_index: int, params: PowerParams) -> np.ndarray:
+    """floor(i ** (1/p)) for the decode stripes i = sw_index + 1 .. S (sized from key_length)."""
+    exponent = float(params.inv_int) if params.integer_path else params.inv_p
+    return floor_powers(np.arange(sw_index + 1, stripe_count(key_length, sw_index, params) + 1), exponent)
+
+
+_TABLES: dict[tuple, torch.Tensor] = {}
+_TABLES_LOCK = threading.Lock()
+
+
+def _cached_device_table(key: tuple, device: torch.device, build) -> torch.Tensor:
+    """A host-built int64 table, copied to ``device`` once and reused (no copy on later calls)."""
+    full_key = (*key, str(device))
+    table = _TABLES.get(full_key)
+    if table is None:
+        if device.type == "cuda" and torch.cuda.is_current_stream_capturing():
+            raise RuntimeError(
+                "superlinear_ops: a geometry table for this shape was first needed inside CUDA graph "
+                "capture; run the op once eagerly (or superlinear_ops warm-up) before capturing"
+            )
+        with _TABLES_LOCK:
+            table = _TABLES.get(full_key)
+            if table is None:
+                table = torch.from_numpy(np.ascontiguousarray(build(), dtype=np.int64)).to(device)
+                _TABLES[full_key] = table
+    return table
+
+
+def stripe_offsets_tensor(key_length: int, sw_index: int, params: PowerParams, device: torch.device) -> torch.Tensor:
+    """``stripe_offsets`` as a cached int64 tensor on ``device``."""
+    return _cached_device_table(
+        ("stripes", key_length, sw_index, params),
+        device,
+        lambda: stripe_offsets(key_length, sw_index, params),
+    )
+
+
+def span_length_table(factor: float, span_power: float, max_base: int, device: torch.device) -> torch.Tensor:
+    """int64 tensor L with L[d] = ceil(factor * d ** span_power) for d = 0 .. max_base, cached."""
+    return _cached_device_table(
+        ("span_len", float(factor), float(span_power), max_base),
+        device,
+        lambda: ceil_scaled_powers(factor, np.arange(max_base + 1), span_power),
+    )
+
+
+def span_ends(
+    qanchor: torch.Tensor,
+    cache_position: torch.Tensor,
+    key_length: int,
+    window: int,
+    attention_mask: torch.Tensor | None,
+    forward_factor: float,
+    span_power: float,
+) -> torch.Tensor:
+    """qend for checked arguments (see ``compute_qend_from_qanchor``); tensor ops only, no sync."""
+    if forward_factor == 0.0:
+        return qanchor
+    device = qanchor.device
+    pos = cache_position.to(device=device, dtype=torch.int64).clamp(0, key_length - 1)
+    if attention_mask is not None:
+        first_allowed = (attention_mask[:, :key_length] != 0).to(torch.int8).argmax(dim=1)
+    else:
+        first_allowed = torch.zeros(qanchor.shape[0], dtype=torch.int64, device=device)
+    distance = (pos[None, :] + 1 - first_allowed[:, None]).clamp(min=0)  # [B, Lq]
+    forward_len = span_length_table(forward_factor, span_power, key_length, device)[distance]
+    qend = qanchor.to(torch.int64) + forward_len[:, None, :, None]
+    limit = pos if window == 0 else pos - window
+    qend = torch.minimum(qend, limit.view(1, 1, -1, 1))
+    qend = torch.where(qanchor < 0, torch.full_like(qend, -1), qend)
+    return qend.to(qanchor.dtype)
+
+
+def compute_qend_from_qanchor(
+    qanchor: torch.Tensor,
+    *,
+    cache_position: torch.Tensor,
+    key_length: int,
+    sw_index: int = 0,
+    attention_mask: torch.Tensor | None = None,
+    forward_factor: float = 0.0,
+    span_power: float = 0.5,
+    search_power: float | None = None,
+    inv_search_power_int: int | None = 2,
+) -> torch.Tensor:
+    """Span ends for anchors [B, H, Lq, K] (SPEC section 3, step 3); -1 where the anchor is -1.
+
+    qend = anchor when forward_factor is 0, else
+    min(anchor + ceil(ff * (t - s) ** span_power), pos, key_length - 1, pos - W [W > 0]),
+    with pos = min(cache_position, key_length - 1), t = pos + 1 and s the first key the mask allows.
+    """
+    if not isinstance(qanchor, torch.Tensor):
+        raise TypeError(f"qanchor must be a torch.Tensor, got {type(qanchor).__name__}")
+    if qanchor.dim() != 4:
+        raise ValueError(f"qanchor must be 4-D [B, H, Lq, K], got shape {tuple(qanchor.shape)}")
+    if qanchor.dtype.is_floating_point or qanchor.dtype == torch.bool:
+        raise TypeError(f"qanchor must have an integer dtype, got {qanchor.dtype}")
+    if not isinstance(cache_position, torch.Tensor) or cache_position.dim() != 1:
+        raise ValueError("cache_position must be a 1-D tensor [Lq]")
+    if cache_position.numel() != qanchor.shape[2]:
+        raise ValueError(
+            f"cache_position has {cache_position.numel()} entries but qanchor has Lq = {qanchor.shape[2]}"
+        )
+    key_length = check_non_negative_int("key_length", key_length)
+    if key_length == 0:
+        raise ValueError("key_length must be > 0")
+    if attention_mask is not None and (
+        attention_mask.dim() != 2
+        or attention_mask.shape[0] != qanchor.shape[0]
+        or attention_mask.shape[1] < key_length
+    ):
+        raise ValueError(
+            f"attention_mask must be [B={qanchor.shape[0]}, >= {key_length}], got {tuple(attention_mask.shape)}"
+        )
+    window = window_len_from_sw_index(
+        sw_index, search_power=search_power, inv_search_power_int=inv_search_power_int
+    )
+    return span_ends(
+        qanchor,
+        cache_position,
+        key_length,
+        window,
+        attention_mask,
+        check_factor("forward_factor", forward_factor, allow_zero=True),
+        check_span_power(span_power),
+    )
