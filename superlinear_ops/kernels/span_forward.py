@@ -85,13 +85,24 @@ def span_forward_kernel(
     tl.store(Lse_ptr + slot, lse)
 
 
-def span_forward(geo: LaunchGeometry, config: KernelConfig) -> tuple[torch.Tensor, torch.Tensor]:
-    """Run the forward kernel; returns (out [B, Hq, Lq, K, D] in Q's dtype, lse2 [B, Hq, Lq, K] fp32)."""
+def span_forward(
+    geo: LaunchGeometry,
+    config: KernelConfig,
+    out: tuple[torch.Tensor, torch.Tensor] | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Run the forward kernel; returns (out [B, Hq, Lq, K, D] in Q's dtype, lse2 [B, Hq, Lq, K] fp32).
+
+    ``out`` may give both buffers (contiguous, those shapes and dtypes) to write into.
+    """
     q, k = geo.q, geo.k
     batch, hq, lq, dim = q.shape
     n_spans = geo.qstart.shape[-1]
-    out = torch.empty(batch, hq, lq, n_spans, dim, device=q.device, dtype=q.dtype)
-    lse = torch.empty(batch, hq, lq, n_spans, device=q.device, dtype=torch.float32)
+    if out is None:
+        out = (
+            torch.empty(batch, hq, lq, n_spans, dim, device=q.device, dtype=q.dtype),
+            torch.empty(batch, hq, lq, n_spans, device=q.device, dtype=torch.float32),
+        )
+    out, lse = out
     if out.numel() == 0:
         return out, lse
     grid = (lq * n_spans, hq, batch)
