@@ -1,0 +1,28 @@
+"""Mutation check: plant one bug per kernel variant and decode step, run the tests that must catch it.
+
+Run from the repository root (with the test dependencies installed):  python scripts/plant_bugs.py
+Every line must say CAUGHT; the source files are restored after each plant.
+"""
+
+import subprocess
+
+F='superlinear_ops/kernels/span_forward.py'; B='superlinear_ops/kernels/span_backward.py'; C='superlinear_ops/kernels/common.py'; DEC='superlinear_ops/decode.py'
+plants = {
+ "forward drops first window key": (C, "lo = tl.maximum(pos - WINDOW + 1, 0)", "lo = tl.maximum(pos - WINDOW + 2, 0)", "tests/test_span_kernels.py::test_forward_matches_reference"),
+ "per-span dQ scaled": (B, "tl.atomic_add(dq_ptrs, dq * sm_scale, mask=d_mask)", "tl.atomic_add(dq_ptrs, dq * sm_scale * 1.01, mask=d_mask)", "tests/test_span_kernels.py -k per_span"),
+ "fused dQ scaled": (B, "tl.store(dq_ptrs, dq * sm_scale, mask=d_mask)", "tl.store(dq_ptrs, dq * sm_scale * 1.01, mask=d_mask)", "tests/test_span_kernels.py -k fused"),
+ "shared dK/dV wrong kv head": (B, "dkv_base = (batch * (H_Q // REP) + kv_head) * L_KV * D_HEAD", "dkv_base = (batch * (H_Q // REP) + (kv_head + 1) % (H_Q // REP)) * L_KV * D_HEAD", "tests/test_span_kernels.py -k shared"),
+ "split dK/dV wrong q head": (B, "dkv_base = (batch * H_Q + head) * L_KV * D_HEAD", "dkv_base = (batch * H_Q + (head + 1) % H_Q) * L_KV * D_HEAD", "tests/test_span_kernels.py -k split"),
+ "fused window misses last span's dV": (B, "dv += p[:, None] * do[None, :]", "dv += p[:, None] * do[None, :] * (j < N_SLOTS - 1 or N_SLOTS == 1)", "tests/test_span_kernels.py -k fused"),
+ "decode gate halves scores": (DEC, "gate = torch.softmax(gate_logits, dim=-1)", "gate = torch.softmax(gate_logits / 2, dim=-1)", "tests/test_decode.py"),
+ "decode span start off by one": (DEC, "(anchor - back_len).clamp(min=0)", "(anchor - back_len + 1).clamp(min=0)", "tests/test_decode.py"),
+}
+for name, (path, old, new, target) in plants.items():
+    src = open(path).read(); assert src.count(old) == 1, name
+    open(path, 'w').write(src.replace(old, new))
+    try:
+        r = subprocess.run(f"pytest -q -x -n 2 {target}", shell=True, capture_output=True, text=True)
+        last = r.stdout.strip().splitlines()[-1]
+        print(f"{name:40s} -> {'CAUGHT' if r.returncode else 'MISSED'}: {last}")
+    finally:
+        open(path, 'w').write(src)
