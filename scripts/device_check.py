@@ -19,9 +19,8 @@ from triton.testing import do_bench
 
 from superlinear_ops import decode_span_attention_staged_gqa, fused_span_attention_gqa, geometry
 from superlinear_ops.kernels.launch import KernelConfig, LaunchGeometry
-from superlinear_ops.kernels.span_backward import span_backward
 from superlinear_ops.kernels.span_forward import span_forward
-from superlinear_ops.ops import BACKWARD_VARIANTS
+from superlinear_ops.registry import REGISTRY
 from superlinear_ops.reference import decode_reference, span_forward_reference
 
 DEV = torch.device("cuda")
@@ -154,11 +153,11 @@ def check_training(gen) -> None:
     ref_grads = [torch.cat(r, 1) for r in ref_grads]
     RESULTS["train_4k_forward_max_err"] = max_err(out, ref_out)
     RESULTS["train_4k_forward_ms"] = do_bench(lambda: span_forward(geo, config))
-    for variant in BACKWARD_VARIANTS:
-        grads = span_backward(geo, config, out, lse, grad, fused_spans=variant.fused_spans, split_dkv=variant.split_dkv)
+    for variant in [v for v in REGISTRY.variants("span_backward") if v.name != "reference"]:
+        grads = variant.launch(geo, config, out, lse, grad)
         errs = {name: max_err(g, r) for name, g, r in zip(("dq", "dk", "dv"), grads, ref_grads)}
         scale = {name: r.abs().max().item() for name, r in zip(("dq", "dk", "dv"), ref_grads)}
-        ms = do_bench(lambda: span_backward(geo, config, out, lse, grad, fused_spans=variant.fused_spans, split_dkv=variant.split_dkv), rep=200)
+        ms = do_bench(lambda: variant.launch(geo, config, out, lse, grad), rep=200)
         RESULTS[f"train_4k_backward_{variant.name}"] = dict(max_err=errs, ref_max_abs=scale, ms=ms)
         log(f"backward {variant.name}: errors {errs} (ref max {scale}), {ms:.2f} ms")
 

@@ -3,6 +3,7 @@
 The public functions are drop-in replacements for the ``superlinear`` 0.1.0 span API.
 """
 
+from . import variants  # noqa: F401  (registers every kernel variant)
 from .api import (
     decode_span_attention,
     decode_span_attention_gqa,

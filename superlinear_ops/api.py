@@ -10,24 +10,18 @@ from __future__ import annotations
 
 import torch
 
-from . import geometry, validation
-from .decode import staged_decode
+from . import geometry, library, validation
 from .kernels.launch import KernelConfig
-from .ops import span_attention_forward
 
 FORCE_MODES = (None, "sdpa", "span")
 
 
-def _checked_block_k(block_k: int | None) -> int | None:
-    if block_k is not None:
-        KernelConfig(block_k=block_k)  # raises ValueError naming block_k when it is unusable
+def _checked_block_k(block_k: int | None) -> int:
+    """block_k as the ops take it: 0 lets the dispatcher choose."""
+    if block_k is None:
+        return 0
+    KernelConfig(block_k=block_k)  # raises ValueError naming block_k when it is unusable
     return block_k
-
-
-def _window(sw_index: int, search_power: float | None, inv_search_power_int: int | None) -> int:
-    return geometry.window_len_from_sw_index(
-        sw_index, search_power=search_power, inv_search_power_int=inv_search_power_int
-    )
 
 
 def fused_span_attention_gqa(
@@ -56,12 +50,18 @@ def fused_span_attention_gqa(
     validation.check_span_inputs(Q2, K, V, qstart, qend, cache_position, attention_mask)
     geometry.check_factor("span_len_factor", span_len_factor, allow_zero=False)
     geometry.check_span_power(span_power)
-    window = _window(sw_index, search_power, inv_search_power_int)
+    sw_index = geometry.check_non_negative_int("sw_index", sw_index)
+    geometry.power_params(search_power=search_power, inv_search_power_int=inv_search_power_int)
+    block_k = _checked_block_k(block_k)
     if validation.validation_requested(validate):
+        window = geometry.window_len_from_sw_index(
+            sw_index, search_power=search_power, inv_search_power_int=inv_search_power_int
+        )
         validation.check_span_contract(qstart, qend, cache_position, K.shape[2], window)
-    return span_attention_forward(
-        Q2, K, V, qstart, qend, cache_position, attention_mask, window, block_k=_checked_block_k(block_k)
+    out, _ = library.span_forward(
+        Q2, K, V, qstart, qend, cache_position, attention_mask, sw_index, search_power, inv_search_power_int, block_k
     )
+    return out
 
 
 def fused_span_attention(
@@ -121,7 +121,7 @@ def decode_span_attention_staged_gqa(
         raise ValueError(f"force_mode must be one of {FORCE_MODES}, got {force_mode!r}")
     if not isinstance(enable_gqa, bool):
         raise TypeError(f"enable_gqa must be a bool, got {type(enable_gqa).__name__}")
-    params = geometry.power_params(search_power=search_power, inv_search_power_int=inv_search_power_int)
+    geometry.power_params(search_power=search_power, inv_search_power_int=inv_search_power_int)
     sw_index = geometry.check_non_negative_int("sw_index", sw_index)
     backward_factor = geometry.check_factor("backward_factor", backward_factor, allow_zero=True)
     forward_factor = geometry.check_factor("forward_factor", forward_factor, allow_zero=True)
@@ -130,16 +130,17 @@ def decode_span_attention_staged_gqa(
     if validation.validation_requested(validate) and bool((cache_position < 0).any()):
         raise ValueError("cache_position must be >= 0")
     if force_mode == "sdpa":
+        # Plain attention over keys [0, pos]: one span covering them, no window.
         batch, hq = Q2.shape[:2]
-        no_span = torch.full((batch, hq, 1, 1), -1, dtype=torch.int64, device=Q2.device)
-        prefix = span_attention_forward(
-            Q2, K, V, no_span, no_span, cache_position[-1:], attention_mask, K.shape[2], block_k=block_k
+        last = cache_position[-1:].to(torch.int64)
+        qend = last.view(1, 1, 1, 1).expand(batch, hq, 1, 1)
+        out, _ = library.span_forward(
+            Q2, K, V, torch.zeros_like(qend), qend, last, attention_mask, 0, None, 2, block_k
         )
-        return prefix[:, :, :, 0]
-    return staged_decode(
-        Q1, Q2, K, V, cache_position, attention_mask,
-        sw_index=sw_index, topk=topk, backward_factor=backward_factor, forward_factor=forward_factor,
-        span_power=span_power, params=params, block_k=block_k,
+        return out[:, :, :, 0]
+    return library.staged_decode(
+        Q1, Q2, K, V, cache_position, attention_mask, sw_index, topk, backward_factor, forward_factor,
+        span_power, search_power, inv_search_power_int, block_k,
     )
 
 

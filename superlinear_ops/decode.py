@@ -8,10 +8,32 @@ every O_j is the attention over keys [0, pos] and the uniform gate returns exact
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from dataclasses import dataclass
+
 import torch
 
 from . import geometry
-from .ops import span_attention_forward
+from .kernels.launch import LaunchGeometry
+
+SpanForward = Callable[[LaunchGeometry], tuple[torch.Tensor, torch.Tensor]]
+
+
+@dataclass(frozen=True)
+class DecodeSettings:
+    """The checked scalar arguments of a staged-decode call."""
+
+    sw_index: int
+    topk: int
+    backward_factor: float
+    forward_factor: float
+    span_power: float
+    params: geometry.PowerParams
+
+    @property
+    def window(self) -> int:
+        """Sliding-window length W."""
+        return geometry.window_length(self.sw_index, self.params)
 
 
 def staged_decode(
@@ -21,21 +43,17 @@ def staged_decode(
     v: torch.Tensor,
     cache_position: torch.Tensor,
     attention_mask: torch.Tensor | None,
-    *,
-    sw_index: int,
-    topk: int,
-    backward_factor: float,
-    forward_factor: float,
-    span_power: float,
-    params: geometry.PowerParams,
-    block_k: int | None = None,
+    settings: DecodeSettings,
+    span_forward: SpanForward,
 ) -> torch.Tensor:
-    """Decode output [B, Hq, 1, D] for validated inputs."""
+    """Decode output [B, Hq, 1, D] for validated inputs; ``span_forward`` runs step 4."""
+    sw_index, topk, params = settings.sw_index, settings.topk, settings.params
+    backward_factor, forward_factor, span_power = settings.backward_factor, settings.forward_factor, settings.span_power
     batch, hq, _, dim = q1.shape
     hkv, lkv = k.shape[1], k.shape[2]
     rep = hq // hkv
     device = q1.device
-    window = geometry.window_length(sw_index, params)
+    window = settings.window
 
     decode_position = cache_position[-1:].to(torch.int64)
     pos = decode_position.clamp(max=lkv - 1)  # [1]
@@ -71,9 +89,8 @@ def staged_decode(
     )
 
     # 4. Span outputs, window included in each.
-    span_out = span_attention_forward(
-        q2, k, v, qstart[:, :, None, :], qend, decode_position, attention_mask, window, block_k=block_k
-    )  # [B, Hq, 1, topk, D]
+    geo = LaunchGeometry.prepare(q2, k, v, qstart[:, :, None, :], qend, decode_position, attention_mask, window)
+    span_out, _ = span_forward(geo)  # [B, Hq, 1, topk, D]
 
     # 5. Gate: softmax over the chosen spans' scores; uniform when no span was chosen.
     any_chosen = chosen.any(dim=-1, keepdim=True)

@@ -8,6 +8,7 @@ never move a stripe, a window edge or a span end by one position.
 
 from __future__ import annotations
 
+import functools
 import math
 import threading
 from dataclasses import dataclass
@@ -32,6 +33,27 @@ class PowerParams:
     def integer_path(self) -> bool:
         """True when stripe powers are exact integer powers."""
         return self.inv_int != 0
+
+    @property
+    def label(self) -> str:
+        """'int<n>' on the integer path, else 'float<p>' (round-trips through ``from_label``)."""
+        return f"int{self.inv_int}" if self.integer_path else f"float{self.p!r}"
+
+    @property
+    def arguments(self) -> dict:
+        """The (search_power, inv_search_power_int) pair that gives these parameters."""
+        if self.integer_path:
+            return {"search_power": None, "inv_search_power_int": self.inv_int}
+        return {"search_power": self.p, "inv_search_power_int": None}
+
+    @classmethod
+    def from_label(cls, label: str) -> "PowerParams":
+        """Parse a ``label``."""
+        if label.startswith("int"):
+            return power_params(search_power=None, inv_search_power_int=int(label[3:]))
+        if label.startswith("float"):
+            return power_params(search_power=float(label[5:]), inv_search_power_int=None)
+        raise ValueError(f"power label must be 'int<n>' or 'float<p>', got {label!r}")
 
 
 def _finite_float(name: str, value: object) -> float:
@@ -133,6 +155,7 @@ def ceil_scaled_power(factor: float, base: int, exponent: float) -> int:
     return int(ceil_scaled_powers(factor, np.array([base]), exponent)[0])
 
 
+@functools.lru_cache(maxsize=256)
 def window_length(sw_index: int, params: PowerParams) -> int:
     """Sliding-window length W = floor((sw_index + 1) ** (1/p)) - 1 for checked parameters."""
     exponent = float(params.inv_int) if params.integer_path else params.inv_p
@@ -175,6 +198,7 @@ def max_stripe_index_for_token_pos(
     return int(fits[-1])
 
 
+@functools.lru_cache(maxsize=256)
 def stripe_count(key_length: int, sw_index: int, params: PowerParams) -> int:
     """S of SPEC section 3: max(largest stripe index for key_length, sw_index + 1)."""
     if params.integer_path:

@@ -49,8 +49,14 @@ def span_forward_reference(
     cache_position: torch.Tensor,
     attention_mask: torch.Tensor | None,
     window: int,
-) -> torch.Tensor:
-    """Per-span outputs [B, Hq, Lq, K, D] in q's dtype; zeros where no key is attended."""
+    *,
+    return_lse: bool = False,
+) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+    """Per-span outputs [B, Hq, Lq, K, D] in q's dtype; zeros where no key is attended.
+
+    With ``return_lse`` also the log2-domain log-sum-exp of the scaled scores [B, Hq, Lq, K]
+    (fp32, +inf where no key is attended), as the Triton forward writes it.
+    """
     batch, hq, lq, dim = q.shape
     hkv, lkv = k.shape[1], k.shape[2]
     rep = hq // hkv
@@ -66,8 +72,29 @@ def span_forward_reference(
     weights = torch.exp(masked - row_max) * allowed
     total = weights.sum(dim=-1, keepdim=True)
     probs = weights / torch.where(total > 0, total, torch.ones_like(total))
-    out = torch.einsum("bhqkl,bhld->bhqkd", probs, vr)
-    return out.to(q.dtype)
+    out = torch.einsum("bhqkl,bhld->bhqkd", probs, vr).to(q.dtype)
+    if not return_lse:
+        return out
+    lse = torch.where(total > 0, (row_max + torch.log(total)) / math.log(2.0), math.inf)
+    return out, lse.squeeze(-1).detach().float()
+
+
+def span_backward_reference(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    qstart: torch.Tensor,
+    qend: torch.Tensor,
+    cache_position: torch.Tensor,
+    attention_mask: torch.Tensor | None,
+    window: int,
+    grad_out: torch.Tensor,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(dQ, dK, dV) of ``span_forward_reference`` for ``grad_out``, by autograd on a recomputation."""
+    with torch.enable_grad():
+        leaves = [t.detach().requires_grad_() for t in (q, k, v)]
+        out = span_forward_reference(*leaves, qstart, qend, cache_position, attention_mask, window)
+        return torch.autograd.grad(out, leaves, grad_out.to(out.dtype))
 
 
 def _exact_ceil(factor: float, base: int, span_power: float) -> int:

@@ -10,10 +10,11 @@ from conftest import assert_close, random_spans
 
 from superlinear_ops import geometry
 from superlinear_ops.kernels.launch import KernelConfig, LaunchGeometry
-from superlinear_ops.kernels.span_backward import span_backward
 from superlinear_ops.kernels.span_forward import span_forward
-from superlinear_ops.ops import BACKWARD_VARIANTS
 from superlinear_ops.reference import span_forward_reference
+from superlinear_ops.registry import REGISTRY
+
+TRITON_BACKWARD = [v for v in REGISTRY.variants("span_backward") if v.name != "reference"]
 
 
 @dataclass(frozen=True)
@@ -110,7 +111,7 @@ def test_forward_with_no_attended_key_gives_zeros(gen: torch.Generator) -> None:
 BACKWARD_CASES = FORWARD_CASES
 
 
-@pytest.mark.parametrize("variant", BACKWARD_VARIANTS, ids=lambda v: v.name)
+@pytest.mark.parametrize("variant", TRITON_BACKWARD, ids=lambda v: v.name)
 @pytest.mark.parametrize("case", BACKWARD_CASES, ids=lambda c: f"{c.dtype}-rep{c.hq // c.hkv}-K{c.spans}")
 def test_backward_variants_match_reference(case: Case, variant, gen: torch.Generator) -> None:
     inputs = make_inputs(case, gen)
@@ -120,10 +121,7 @@ def test_backward_variants_match_reference(case: Case, variant, gen: torch.Gener
     expected, leaves = reference(case, *inputs)
     grad_out = torch.randn(expected.shape, generator=gen, dtype=torch.float64)
     expected.backward(grad_out)
-    grads = span_backward(
-        geo, config, out, lse, grad_out.to(case.dtype),
-        fused_spans=variant.fused_spans, split_dkv=variant.split_dkv,
-    )
+    grads = variant.launch(geo, config, out, lse, grad_out.to(case.dtype))
     # Gradients sum many terms and see the bf16/fp16 rounding of the output: looser by dtype.
     scale = 1.0 if case.dtype == torch.float32 else 4.0
     for name, got, leaf in zip("QKV", grads, leaves):

@@ -51,6 +51,11 @@ class LaunchGeometry:
         return self.q.shape[1] // self.k.shape[1]
 
     @property
+    def attention_mask(self) -> torch.Tensor | None:
+        """The uint8 mask, or None when there is none."""
+        return self.mask if self.has_mask else None
+
+    @property
     def mask_stride(self) -> int:
         """Row stride of the mask (0 without a mask)."""
         return self.mask.stride(0) if self.has_mask else 0

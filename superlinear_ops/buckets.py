@@ -1,0 +1,107 @@
+"""Every shape-bucketing rule: how a Problem becomes the key that tuned results are stored under.
+
+Rules:
+- query count Lq: decode (Lq = 1) is its own bucket; otherwise the next power of two >= Lq;
+- key count Lkv: the next power of two >= Lkv;
+- batch: the next power of two >= B;
+- dtype, head dim, heads, span slots, mask or not, sw_index and power path (which fix the
+  window), decode factors and the
+  device identity: exact.
+Two keys are ``distance`` buckets apart when they differ only in bucketed sizes, by that many
+factors of two in total; the dispatcher may borrow a tuned result from a key within
+``NEAREST_DISTANCE``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from itertools import product
+
+from .problem import Problem
+
+NEAREST_DISTANCE = 1
+
+
+def next_power_of_two(n: int) -> int:
+    """Smallest power of two >= n (1 for n <= 1)."""
+    return 1 if n <= 1 else 1 << (n - 1).bit_length()
+
+
+def query_bucket(queries: int) -> int:
+    """Bucket of the query count (1 stays 1: decode)."""
+    return next_power_of_two(queries)
+
+
+@dataclass(frozen=True)
+class ProblemKey:
+    """The bucketed identity of a Problem: what tuned entries are stored and found under."""
+
+    op: str
+    dtype: str
+    head_dim: int
+    q_heads: int
+    kv_heads: int
+    spans: int
+    queries: int
+    keys: int
+    batch: int
+    masked: bool
+    sw_index: int
+    power: str
+    factors: tuple[float, ...]
+    device: str
+    arch: str
+
+    def text(self) -> str:
+        """A stable one-line rendering (used in tables, logs and as a study name)."""
+        factors = ",".join(f"{f:g}" for f in self.factors) or "-"
+        return (
+            f"{self.op}|{self.dtype}|D{self.head_dim}|H{self.q_heads}/{self.kv_heads}|K{self.spans}"
+            f"|Lq{self.queries}|Lkv{self.keys}|B{self.batch}|{'mask' if self.masked else 'nomask'}"
+            f"|sw{self.sw_index}|{self.power}|f{factors}|{self.device}|{self.arch}"
+        )
+
+
+def key_of(problem: Problem) -> ProblemKey:
+    """The key a problem is stored and looked up under."""
+    return ProblemKey(
+        op=problem.op,
+        dtype=problem.dtype,
+        head_dim=problem.head_dim,
+        q_heads=problem.q_heads,
+        kv_heads=problem.kv_heads,
+        spans=problem.spans,
+        queries=query_bucket(problem.queries),
+        keys=next_power_of_two(problem.keys),
+        batch=next_power_of_two(problem.batch),
+        masked=problem.masked,
+        sw_index=problem.sw_index,
+        power=problem.power,
+        factors=problem.factors,
+        device=problem.device.name,
+        arch=problem.device.arch,
+    )
+
+
+def _shifted(value: int, steps: int) -> int | None:
+    shifted = value << steps if steps >= 0 else value >> -steps
+    return shifted if shifted >= 1 and (steps >= 0 or value >> -steps << -steps == value) else None
+
+
+def neighbours(key: ProblemKey, distance: int = NEAREST_DISTANCE) -> list[tuple[int, ProblemKey]]:
+    """Keys 1..distance buckets away (Lq, Lkv, B moved by factors of two), nearest first.
+
+    Decode keys keep Lq = 1 and other keys never move to Lq = 1.
+    """
+    found: dict[ProblemKey, int] = {}
+    moves = range(-distance, distance + 1)
+    for dq, dk, db in product(moves, moves, moves):
+        steps = abs(dq) + abs(dk) + abs(db)
+        if not 0 < steps <= distance or (key.queries == 1 and dq):
+            continue
+        queries, keys, batch = _shifted(key.queries, dq), _shifted(key.keys, dk), _shifted(key.batch, db)
+        if None in (queries, keys, batch) or (key.queries != 1 and queries == 1):
+            continue
+        other = replace(key, queries=queries, keys=keys, batch=batch)
+        found.setdefault(other, steps)
+    return sorted(((steps, k) for k, steps in found.items()), key=lambda item: (item[0], item[1].text()))

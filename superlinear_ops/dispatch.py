@@ -1,0 +1,184 @@
+"""The runtime dispatcher: which variant and configuration serve a problem, and why.
+
+``select(problem)`` walks the lookup layers (tuned caches, in order), then falls back to the first
+supported variant's heuristic default. Layers are asked for the problem's own key first, then for
+keys within ``NEAREST_DISTANCE`` buckets. The answer is memoised per key: after the first call for
+a key no layer, file or lock is touched, nothing synchronises the device, and the call is safe
+during CUDA graph capture and from many threads.
+"""
+
+from __future__ import annotations
+
+import threading
+from dataclasses import dataclass, field, replace
+from typing import Protocol
+
+from .buckets import NEAREST_DISTANCE, ProblemKey, key_of, neighbours
+from .kernels.launch import KernelConfig
+from .problem import Problem
+from .registry import REGISTRY, Registry, Variant
+
+HEURISTIC = "heuristic default"
+
+
+@dataclass(frozen=True)
+class TunedChoice:
+    """What a layer stores for a key: a variant name and its configuration."""
+
+    variant: str
+    config: KernelConfig
+
+
+@dataclass(frozen=True)
+class LayerAnswer:
+    """A layer's reply for one key: a choice, or None with a note saying why not."""
+
+    choice: TunedChoice | None
+    note: str
+
+
+class Layer(Protocol):
+    """A source of tuned choices (a cache store, a shipped file, ...)."""
+
+    name: str
+
+    def lookup(self, key: ProblemKey) -> LayerAnswer:
+        """The stored choice for ``key``, or a miss with a note."""
+        ...
+
+
+@dataclass(frozen=True)
+class Choice:
+    """The dispatcher's decision: variant, configuration, and where it came from."""
+
+    variant: Variant
+    config: KernelConfig
+    source: str
+
+
+@dataclass
+class Explanation:
+    """Everything the dispatcher considered for one problem."""
+
+    key: ProblemKey
+    variants: list[tuple[str, list[str]]] = field(default_factory=list)
+    layers: list[tuple[str, str]] = field(default_factory=list)
+    choice: Choice | None = None
+
+    def text(self) -> str:
+        """A readable report."""
+        lines = [f"key: {self.key.text()}", "variants (in priority order):"]
+        for name, reasons in self.variants:
+            lines.append(f"  {name}: {'applies' if not reasons else 'not supported: ' + '; '.join(reasons)}")
+        lines.append("layers consulted:")
+        lines.extend(f"  {name}: {note}" for name, note in self.layers) if self.layers else lines.append("  (none)")
+        if self.choice is None:
+            lines.append("choice: none (no variant applies)")
+        else:
+            c = self.choice
+            lines.append(
+                f"choice: {c.variant.qualified_name} block_k={c.config.block_k} num_warps={c.config.num_warps} "
+                f"num_stages={c.config.num_stages} (source: {c.source})"
+            )
+        return "\n".join(lines)
+
+
+class NoVariantError(ValueError):
+    """No registered variant applies to a problem."""
+
+
+class Dispatcher:
+    """Chooses variants for problems; see the module docstring."""
+
+    def __init__(self, registry: Registry = REGISTRY, layers: list[Layer] | None = None) -> None:
+        self.registry = registry
+        self.layers: list[Layer] = list(layers or [])
+        self.resolutions = 0  # slow-path resolutions (memo misses), for tests and logs
+        self._memo: dict[ProblemKey, Choice] = {}
+        self._lock = threading.Lock()
+
+    def select(self, problem: Problem) -> Choice:
+        """The variant and configuration for ``problem`` (memoised per key)."""
+        key = key_of(problem)
+        choice = self._memo.get(key)
+        if choice is None:
+            with self._lock:
+                choice = self._memo.get(key)
+                if choice is None:
+                    choice = self._resolve(problem, key, Explanation(key)).choice
+                    self.resolutions += 1
+                    self._memo[key] = choice
+        return choice
+
+    def explain(self, problem: Problem) -> Explanation:
+        """What ``select`` would decide for ``problem`` and why (consults the layers afresh)."""
+        key = key_of(problem)
+        try:
+            return self._resolve(problem, key, Explanation(key))
+        except NoVariantError as err:
+            return err.args[1]
+
+    def set_layers(self, layers: list[Layer]) -> None:
+        """Replace the lookup layers and forget every memoised choice."""
+        with self._lock:
+            self.layers = list(layers)
+            self._memo.clear()
+
+    def clear(self) -> None:
+        """Forget every memoised choice (after the registry or the layers changed)."""
+        with self._lock:
+            self._memo.clear()
+
+    def _resolve(self, problem: Problem, key: ProblemKey, trace: Explanation) -> Explanation:
+        supported: dict[str, Variant] = {}
+        for variant in self.registry.variants(problem.op):
+            reasons = variant.not_supported_reasons(problem)
+            trace.variants.append((variant.name, reasons))
+            if not reasons:
+                supported[variant.name] = variant
+        if not supported:
+            details = "; ".join(f"{name}: {', '.join(r)}" for name, r in trace.variants)
+            raise NoVariantError(f"no {problem.op} variant applies to this input ({details})", trace)
+        for layer in self.layers:
+            candidates = [(0, key)] + neighbours(key, NEAREST_DISTANCE)
+            for distance, candidate in candidates:
+                answer = layer.lookup(candidate)
+                where = "own key" if distance == 0 else f"nearest bucket {candidate.text()} (distance {distance})"
+                if answer.choice is None:
+                    if distance == 0:
+                        trace.layers.append((layer.name, f"miss: {answer.note}"))
+                    continue
+                problem_with_it = self._usable(answer.choice, supported, problem)
+                if problem_with_it is not None:
+                    trace.layers.append((layer.name, f"skipped {where}: {problem_with_it}"))
+                    continue
+                source = layer.name if distance == 0 else f"{layer.name}, {where}"
+                trace.layers.append((layer.name, f"hit ({where}): {answer.choice.variant}"))
+                trace.choice = Choice(supported[answer.choice.variant], answer.choice.config, source)
+                return trace
+        variant = next(iter(supported.values()))
+        trace.choice = Choice(variant, variant.default(problem), HEURISTIC)
+        return trace
+
+    @staticmethod
+    def _usable(choice: TunedChoice, supported: dict[str, Variant], problem: Problem) -> str | None:
+        variant = supported.get(choice.variant)
+        if variant is None:
+            return f"variant {choice.variant} is not registered or does not apply"
+        return variant.compile_check(problem, choice.config)
+
+
+DISPATCHER = Dispatcher()
+
+
+def select(problem: Problem, block_k: int | None = None) -> Choice:
+    """The default dispatcher's choice for ``problem``; ``block_k`` (when given) forces BLOCK_K."""
+    choice = DISPATCHER.select(problem)
+    if block_k is None or choice.config.block_k == block_k or not choice.variant.space:
+        return choice
+    return Choice(choice.variant, replace(choice.config, block_k=block_k), f"{choice.source}, block_k forced")
+
+
+def explain(problem: Problem) -> Explanation:
+    """The default dispatcher's explanation for ``problem``."""
+    return DISPATCHER.explain(problem)

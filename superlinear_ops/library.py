@@ -1,0 +1,149 @@
+"""The span ops as torch.library custom ops, each running the dispatcher's choice.
+
+``superlinear_ops::span_forward``, ``::span_backward`` and ``::staged_decode`` have fake (meta)
+implementations and autograd registration, so ``torch.compile(fullgraph=True)`` traces models
+that call them and ``torch.library.opcheck`` passes. Inputs arrive validated by ``api``.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+from . import dispatch, geometry
+from .decode import DecodeSettings
+from .kernels.launch import LaunchGeometry
+from .problem import SPAN_BACKWARD, SPAN_FORWARD, Problem
+
+NAMESPACE = "superlinear_ops"
+
+
+def _settings(search_power: float | None, inv_search_power_int: int | None) -> geometry.PowerParams:
+    return geometry.power_params(search_power=search_power, inv_search_power_int=inv_search_power_int)
+
+
+def _span_call(op, q, k, v, qstart, qend, cache_position, attention_mask, sw_index, search_power, inv_power, block_k):
+    params = _settings(search_power, inv_power)
+    problem = Problem.for_span(op, q, k, qstart.shape[-1], attention_mask is not None, sw_index, params.label)
+    choice = dispatch.select(problem, block_k or None)
+    window = geometry.window_length(sw_index, params)
+    geo = LaunchGeometry.prepare(q, k, v, qstart, qend, cache_position, attention_mask, window)
+    return choice, geo
+
+
+@torch.library.custom_op(f"{NAMESPACE}::span_forward", mutates_args=())
+def span_forward(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    qstart: Tensor,
+    qend: Tensor,
+    cache_position: Tensor,
+    attention_mask: Tensor | None,
+    sw_index: int,
+    search_power: float | None,
+    inv_search_power_int: int | None,
+    block_k: int,
+) -> tuple[Tensor, Tensor]:
+    """Per-span outputs [B, Hq, Lq, K, D] and log2-domain log-sum-exp [B, Hq, Lq, K] (block_k 0: choose)."""
+    choice, geo = _span_call(
+        SPAN_FORWARD, q, k, v, qstart, qend, cache_position, attention_mask, sw_index, search_power,
+        inv_search_power_int, block_k,
+    )
+    return choice.variant.launch(geo, choice.config)
+
+
+@span_forward.register_fake
+def _span_forward_fake(q, k, v, qstart, qend, cache_position, attention_mask, sw_index, search_power, inv_search_power_int, block_k):
+    batch, heads, queries, dim = q.shape
+    spans = qstart.shape[-1]
+    return q.new_empty(batch, heads, queries, spans, dim), q.new_empty(batch, heads, queries, spans, dtype=torch.float32)
+
+
+@torch.library.custom_op(f"{NAMESPACE}::span_backward", mutates_args=())
+def span_backward(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    qstart: Tensor,
+    qend: Tensor,
+    cache_position: Tensor,
+    attention_mask: Tensor | None,
+    sw_index: int,
+    search_power: float | None,
+    inv_search_power_int: int | None,
+    block_k: int,
+    out: Tensor,
+    lse: Tensor,
+    grad_out: Tensor,
+) -> tuple[Tensor, Tensor, Tensor]:
+    """(dQ, dK, dV) of ``span_forward`` for ``grad_out``, by the dispatcher's backward variant."""
+    choice, geo = _span_call(
+        SPAN_BACKWARD, q, k, v, qstart, qend, cache_position, attention_mask, sw_index, search_power,
+        inv_search_power_int, block_k,
+    )
+    return choice.variant.launch(geo, choice.config, out, lse, grad_out)
+
+
+@span_backward.register_fake
+def _span_backward_fake(q, k, v, *args):
+    return torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
+
+
+_SAVED_ARGS = ("sw_index", "search_power", "inv_search_power_int", "block_k")
+
+
+def _setup_span_context(ctx, inputs, output) -> None:
+    q, k, v, qstart, qend, cache_position, attention_mask, *scalars = inputs
+    out, lse = output
+    ctx.scalars = dict(zip(_SAVED_ARGS, scalars))
+    ctx.has_mask = attention_mask is not None
+    mask = attention_mask if attention_mask is not None else q.new_empty(0)
+    ctx.save_for_backward(q, k, v, qstart, qend, cache_position, mask, out, lse)
+    ctx.mark_non_differentiable(lse)
+
+
+def _span_forward_backward(ctx, grad_out, grad_lse):
+    q, k, v, qstart, qend, cache_position, mask, out, lse = ctx.saved_tensors
+    s = ctx.scalars
+    dq, dk, dv = span_backward(
+        q, k, v, qstart, qend, cache_position, mask if ctx.has_mask else None, s["sw_index"],
+        s["search_power"], s["inv_search_power_int"], s["block_k"], out, lse, grad_out.contiguous(),
+    )
+    return dq, dk, dv, None, None, None, None, None, None, None, None
+
+
+torch.library.register_autograd(
+    f"{NAMESPACE}::span_forward", _span_forward_backward, setup_context=_setup_span_context
+)
+
+
+@torch.library.custom_op(f"{NAMESPACE}::staged_decode", mutates_args=())
+def staged_decode(
+    q1: Tensor,
+    q2: Tensor,
+    k: Tensor,
+    v: Tensor,
+    cache_position: Tensor,
+    attention_mask: Tensor | None,
+    sw_index: int,
+    topk: int,
+    backward_factor: float,
+    forward_factor: float,
+    span_power: float,
+    search_power: float | None,
+    inv_search_power_int: int | None,
+    block_k: int,
+) -> Tensor:
+    """Staged decode [B, Hq, 1, D] by the dispatcher's decode variant (block_k 0: choose)."""
+    params = _settings(search_power, inv_search_power_int)
+    factors = (backward_factor, forward_factor, span_power)
+    problem = Problem.for_decode(q2, k, topk, attention_mask is not None, sw_index, params.label, factors)
+    choice = dispatch.select(problem, block_k or None)
+    settings = DecodeSettings(sw_index, topk, backward_factor, forward_factor, span_power, params)
+    return choice.variant.launch(q1, q2, k, v, cache_position, attention_mask, settings, choice.config)
+
+
+@staged_decode.register_fake
+def _staged_decode_fake(q1, q2, *args):
+    return torch.empty_like(q2)

@@ -1,0 +1,151 @@
+"""What the dispatcher decides on: a problem descriptor built from a call's inputs, and the GPU.
+
+A ``Problem`` holds plain values only (no tensors), so it can also be written by hand for
+warm-up, ``explain`` and tuning workloads.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+from dataclasses import dataclass, field
+
+import torch
+
+from . import geometry
+
+SPAN_FORWARD = "span_forward"
+SPAN_BACKWARD = "span_backward"
+STAGED_DECODE = "staged_decode"
+OPS = (SPAN_FORWARD, SPAN_BACKWARD, STAGED_DECODE)
+
+
+@dataclass(frozen=True)
+class DeviceIdentity:
+    """Where kernels run: the GPU's name, compute capability and multiprocessor count.
+
+    On the CPU, ``name`` is 'cpu' and ``arch`` says whether Triton's interpreter is on.
+    """
+
+    name: str
+    arch: str
+    multiprocessors: int
+
+    @property
+    def is_gpu(self) -> bool:
+        """True for a CUDA device."""
+        return self.arch.startswith("sm_")
+
+    @property
+    def interpreter(self) -> bool:
+        """True when Triton kernels run under the CPU interpreter."""
+        return self.arch == "interpreter"
+
+
+_IDENTITIES: dict[tuple[str, int | None, bool], DeviceIdentity] = {}
+_IDENTITY_LOCK = threading.Lock()
+
+
+def device_identity(device: torch.device) -> DeviceIdentity:
+    """The identity of ``device`` (memoised: properties are read once per device)."""
+    interpret = device.type == "cpu" and os.environ.get("TRITON_INTERPRET", "0") == "1"
+    key = (device.type, device.index, interpret)
+    identity = _IDENTITIES.get(key)
+    if identity is None:
+        with _IDENTITY_LOCK:
+            if device.type == "cuda":
+                props = torch.cuda.get_device_properties(device)
+                identity = DeviceIdentity(props.name, f"sm_{props.major}{props.minor}", props.multi_processor_count)
+            else:
+                identity = DeviceIdentity(device.type, "interpreter" if interpret else "reference", 0)
+            _IDENTITIES[key] = identity
+    return identity
+
+
+@dataclass(frozen=True)
+class Problem:
+    """One op call's shape, settings and device, as the registry and dispatcher see it.
+
+    ``spans`` is K (span slots per query; topk for decode). ``power`` is 'int<n>' on the integer
+    path or 'float<p>' (``PowerParams.label``). ``factors`` holds what sizes decode's loops: (backward_factor,
+    forward_factor, span_power); empty for the span ops, whose span lengths come with the data.
+    """
+
+    op: str
+    dtype: str
+    head_dim: int
+    q_heads: int
+    kv_heads: int
+    spans: int
+    queries: int
+    keys: int
+    batch: int
+    masked: bool
+    sw_index: int
+    power: str
+    device: DeviceIdentity
+    factors: tuple[float, ...] = field(default=())
+
+    @property
+    def params(self) -> geometry.PowerParams:
+        """The search-power parameters."""
+        return geometry.PowerParams.from_label(self.power)
+
+    @property
+    def window(self) -> int:
+        """Sliding-window length W."""
+        return geometry.window_length(self.sw_index, self.params)
+
+    @property
+    def rep(self) -> int:
+        """Query heads per key/value head."""
+        return self.q_heads // self.kv_heads
+
+    @property
+    def torch_dtype(self) -> torch.dtype:
+        """The inputs' torch dtype."""
+        return getattr(torch, self.dtype)
+
+    @classmethod
+    def for_span(
+        cls,
+        op: str,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        spans: int,
+        masked: bool,
+        sw_index: int,
+        power: str,
+    ) -> "Problem":
+        """The problem of a span forward or backward call."""
+        batch, q_heads, queries, head_dim = q.shape
+        return cls(
+            op=op,
+            dtype=str(q.dtype).removeprefix("torch."),
+            head_dim=head_dim,
+            q_heads=q_heads,
+            kv_heads=k.shape[1],
+            spans=spans,
+            queries=queries,
+            keys=k.shape[2],
+            batch=batch,
+            masked=masked,
+            sw_index=sw_index,
+            power=power,
+            device=device_identity(q.device),
+        )
+
+    @classmethod
+    def for_decode(
+        cls,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        topk: int,
+        masked: bool,
+        sw_index: int,
+        power: str,
+        factors: tuple[float, float, float],
+    ) -> "Problem":
+        """The problem of a staged-decode call."""
+        base = cls.for_span(STAGED_DECODE, q, k, topk, masked, sw_index, power)
+        return cls(**{**base.__dict__, "factors": tuple(float(f) for f in factors)})

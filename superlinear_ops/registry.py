@@ -1,0 +1,107 @@
+"""The ops registry: every kernel variant of every op, its tunable space, and when it applies.
+
+A variant declares (see ``variants.py``, where all declarations live):
+- ``launch``: the callable that runs it (its signature is the op's, see ``variants.py``);
+- ``space``: the candidate values of each tunable compile-time parameter;
+- ``reasons(problem)``: why it does not apply to a problem (empty: it applies);
+- ``compile_check(problem, config)``: why a configuration cannot build or launch well on the
+  problem's device (shared memory or register estimate), before anything is launched;
+- ``default(problem)``: the heuristic configuration used when nothing tuned is known;
+- ``priority``: lower is preferred when the dispatcher falls back to defaults.
+The tuner searches what is declared here and the dispatcher chooses from it.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+
+from .kernels.launch import KernelConfig
+from .problem import OPS, Problem
+
+
+@dataclass(frozen=True)
+class Param:
+    """One tunable compile-time parameter and its candidate values."""
+
+    name: str
+    values: tuple[int, ...]
+
+
+@dataclass(frozen=True)
+class Variant:
+    """One kernel variant of one op (see the module docstring)."""
+
+    op: str
+    name: str
+    launch: Callable
+    space: tuple[Param, ...]
+    reasons: Callable[[Problem], list[str]]
+    compile_check: Callable[[Problem, KernelConfig], str | None]
+    default: Callable[[Problem], KernelConfig]
+    priority: int
+    description: str = ""
+    source_files: tuple[str, ...] = field(default=())
+
+    @property
+    def qualified_name(self) -> str:
+        """'op/variant'."""
+        return f"{self.op}/{self.name}"
+
+    def not_supported_reasons(self, problem: Problem) -> list[str]:
+        """Readable reasons why this variant does not apply to ``problem`` (empty: it applies)."""
+        if problem.op != self.op:
+            return [f"{self.qualified_name} serves op {self.op}, not {problem.op}"]
+        return list(self.reasons(problem))
+
+    def configs(self) -> Iterator[KernelConfig]:
+        """Every configuration of the declared space (KernelConfig defaults for undeclared fields)."""
+        names = [p.name for p in self.space]
+        for values in itertools.product(*(p.values for p in self.space)):
+            yield KernelConfig(**dict(zip(names, values)))
+
+    def contains(self, config: KernelConfig) -> bool:
+        """True when every tunable of ``config`` is one of this variant's candidate values."""
+        return all(getattr(config, p.name) in p.values for p in self.space)
+
+
+class Registry:
+    """Variants by op, in priority order."""
+
+    def __init__(self) -> None:
+        self._variants: dict[str, dict[str, Variant]] = {op: {} for op in OPS}
+
+    def register(self, variant: Variant) -> Variant:
+        """Add a variant; its op must be known and its name new for that op."""
+        if variant.op not in self._variants:
+            raise ValueError(f"unknown op {variant.op!r}; ops are {OPS}")
+        if variant.name in self._variants[variant.op]:
+            raise ValueError(f"variant {variant.qualified_name} is already registered")
+        self._variants[variant.op][variant.name] = variant
+        return variant
+
+    def unregister(self, op: str, name: str) -> None:
+        """Remove a variant (tests use this to withdraw what they planted)."""
+        del self._variants[op][name]
+
+    def variants(self, op: str) -> list[Variant]:
+        """The variants of ``op``, most preferred first."""
+        if op not in self._variants:
+            raise ValueError(f"unknown op {op!r}; ops are {OPS}")
+        return sorted(self._variants[op].values(), key=lambda v: (v.priority, v.name))
+
+    def get(self, op: str, name: str) -> Variant:
+        """The variant ``op/name``."""
+        try:
+            return self._variants[op][name]
+        except KeyError:
+            known = ", ".join(v.name for v in self.variants(op))
+            raise KeyError(f"no variant {op}/{name}; {op} has: {known}") from None
+
+    def all(self) -> list[Variant]:
+        """Every registered variant, op by op."""
+        return [v for op in OPS for v in self.variants(op)]
+
+
+REGISTRY = Registry()

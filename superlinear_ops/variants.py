@@ -1,0 +1,216 @@
+"""Declarations of every kernel variant (adding a variant is one ``REGISTRY.register`` here).
+
+Launch signatures by op:
+- span_forward:  launch(geo: LaunchGeometry, config) -> (out [B,Hq,Lq,K,D], lse2 [B,Hq,Lq,K])
+- span_backward: launch(geo, config, out, lse2, grad_out) -> (dQ, dK, dV)
+- staged_decode: launch(q1, q2, k, v, cache_position, attention_mask, settings, config) -> out
+Each op also has a PyTorch-reference variant last in priority: the fallback that always works
+(CPU tensors, float64).
+"""
+
+from __future__ import annotations
+
+from functools import partial
+
+import torch
+
+from .buckets import next_power_of_two
+from .decode import DecodeSettings, staged_decode
+from .kernels.launch import KernelConfig, LaunchGeometry
+from .problem import SPAN_BACKWARD, SPAN_FORWARD, STAGED_DECODE, Problem
+from .reference import span_backward_reference, span_forward_reference
+from .registry import REGISTRY, Param, Variant
+
+MAX_VALUES_PER_THREAD = 256  # fp32 tile values per thread above which kernels spill
+SPLIT_DKV_BUDGET_BYTES = 16 << 30
+REFERENCE_SCORE_BUDGET = 1 << 31  # scores the reference may materialise
+SHARED_MEMORY_BYTES = {  # per thread block, by compute capability
+    "sm_90": 232448, "sm_100": 232448, "sm_120": 101376, "sm_80": 166912, "sm_87": 166912,
+    "sm_86": 101376, "sm_89": 101376, "sm_75": 65536, "sm_70": 98304,
+}
+DEFAULT_SHARED_MEMORY_BYTES = 49152
+
+FORWARD_SPACE = (
+    Param("block_k", (16, 32, 64, 128, 256)),
+    Param("num_warps", (1, 2, 4, 8)),
+    Param("num_stages", (1, 2, 3, 4)),
+)
+BACKWARD_SPACE = (
+    Param("block_k", (16, 32, 64, 128)),
+    Param("num_warps", (1, 2, 4, 8)),
+    Param("num_stages", (1, 2, 3)),
+)
+KERNEL_FILES = ("kernels/common.py", "kernels/launch.py")
+
+
+# --- when Triton variants apply ---------------------------------------------------------------
+
+
+def triton_reasons(problem: Problem) -> list[str]:
+    """Why the Triton kernels cannot serve ``problem`` (empty when they can)."""
+    reasons = []
+    if not problem.device.is_gpu and not problem.device.interpreter:
+        reasons.append("CPU tensors without TRITON_INTERPRET=1 run the PyTorch reference")
+    if problem.dtype == "float64":
+        reasons.append("float64 inputs: the Triton kernels accumulate in fp32; float64 runs the reference")
+    if problem.head_dim > 256:
+        reasons.append(f"head dim {problem.head_dim} > 256")
+    return reasons
+
+
+def fused_reasons(problem: Problem) -> list[str]:
+    """Why the fused-span backward does not apply."""
+    return ["K = 1 span slot: fused-span is the per-span kernel"] if problem.spans == 1 else []
+
+
+def split_reasons(problem: Problem) -> list[str]:
+    """Why split dK/dV does not apply."""
+    if problem.rep == 1:
+        return ["rep = 1 (MHA): split dK/dV buffers are the shared ones"]
+    need = 2 * problem.batch * problem.q_heads * problem.keys * problem.head_dim * 4
+    if need > SPLIT_DKV_BUDGET_BYTES:
+        return [f"split dK/dV buffers need {need / 2**30:.1f} GiB > {SPLIT_DKV_BUDGET_BYTES >> 30} GiB"]
+    return []
+
+
+def reference_reasons(problem: Problem) -> list[str]:
+    """Why the dense PyTorch reference is unfit (it materialises every score)."""
+    scores = problem.batch * problem.q_heads * problem.queries * problem.spans * problem.keys
+    if scores > REFERENCE_SCORE_BUDGET:
+        return [f"the reference would materialise {scores:.3g} scores (> {REFERENCE_SCORE_BUDGET:.3g})"]
+    return []
+
+
+# --- static configuration checks --------------------------------------------------------------
+
+
+def resource_check(tiles: int, problem: Problem, config: KernelConfig) -> str | None:
+    """Why ``config`` cannot build or run well: register or shared-memory estimate (GPU only)."""
+    if not problem.device.is_gpu:
+        return None
+    block_d = next_power_of_two(problem.head_dim)
+    per_thread = tiles * config.block_k * block_d / (32 * config.num_warps)
+    if per_thread > MAX_VALUES_PER_THREAD:
+        return (
+            f"registers: about {per_thread:.0f} fp32 values per thread for {tiles} [{config.block_k} x {block_d}] "
+            f"tiles on {config.num_warps} warps (limit {MAX_VALUES_PER_THREAD})"
+        )
+    element = 4 if problem.dtype == "float32" else 2
+    shared = max(config.num_stages - 1, 1) * 2 * config.block_k * block_d * element
+    limit = SHARED_MEMORY_BYTES.get(problem.device.arch, DEFAULT_SHARED_MEMORY_BYTES)
+    if shared > limit:
+        return f"shared memory: about {shared} bytes for {config.num_stages} stages of K/V tiles > {limit} on {problem.device.arch}"
+    return None
+
+
+def no_check(problem: Problem, config: KernelConfig) -> str | None:
+    """The reference has nothing to compile."""
+    return None
+
+
+def forward_default(problem: Problem) -> KernelConfig:
+    """Heuristic forward configuration: 64-key blocks (32 past D = 128), 4 warps, 2 stages."""
+    return KernelConfig(block_k=64 if problem.head_dim <= 128 else 32, num_warps=4, num_stages=2)
+
+
+def backward_default(problem: Problem) -> KernelConfig:
+    """Heuristic backward configuration: 32-key blocks, 4 warps, 1 stage."""
+    return KernelConfig(block_k=32, num_warps=4, num_stages=1)
+
+
+def reference_default(problem: Problem) -> KernelConfig:
+    """The reference ignores its configuration."""
+    return KernelConfig()
+
+
+# --- launchers ----------------------------------------------------------------------------------
+
+
+def triton_forward(geo: LaunchGeometry, config: KernelConfig) -> tuple[torch.Tensor, torch.Tensor]:
+    """The per-(query, span) Triton forward."""
+    from .kernels.span_forward import span_forward  # imports Triton on first use only
+
+    return span_forward(geo, config)
+
+
+def reference_forward(geo: LaunchGeometry, config: KernelConfig) -> tuple[torch.Tensor, torch.Tensor]:
+    """The PyTorch reference forward, with its log-sum-exp."""
+    return span_forward_reference(
+        geo.q, geo.k, geo.v, geo.qstart, geo.qend, geo.cache_position, geo.attention_mask, geo.window,
+        return_lse=True,
+    )
+
+
+def triton_backward(geo, config, out, lse, grad_out, *, fused_spans: bool, split_dkv: bool):
+    """A Triton backward variant."""
+    from .kernels.span_backward import span_backward
+
+    return span_backward(geo, config, out, lse, grad_out, fused_spans=fused_spans, split_dkv=split_dkv)
+
+
+def reference_backward(geo, config, out, lse, grad_out):
+    """The PyTorch reference backward (autograd on a recomputation)."""
+    return span_backward_reference(
+        geo.q, geo.k, geo.v, geo.qstart, geo.qend, geo.cache_position, geo.attention_mask, geo.window, grad_out
+    )
+
+
+def staged_decode_with(span_forward):
+    """A staged-decode launcher whose span attention runs ``span_forward``."""
+
+    def launch(q1, q2, k, v, cache_position, attention_mask, settings: DecodeSettings, config: KernelConfig):
+        return staged_decode(q1, q2, k, v, cache_position, attention_mask, settings, partial(span_forward, config=config))
+
+    return launch
+
+
+# --- declarations -------------------------------------------------------------------------------
+
+REGISTRY.register(Variant(
+    op=SPAN_FORWARD, name="per_query_span", launch=triton_forward, space=FORWARD_SPACE,
+    reasons=triton_reasons, compile_check=partial(resource_check, 2), default=forward_default, priority=0,
+    description="one Triton program per (b, h, q, span): online softmax over the span, then the window",
+    source_files=("kernels/span_forward.py", *KERNEL_FILES),
+))
+REGISTRY.register(Variant(
+    op=SPAN_FORWARD, name="reference", launch=reference_forward, space=(), reasons=reference_reasons,
+    compile_check=no_check, default=reference_default, priority=100,
+    description="PyTorch reference (dense masked softmax); CPU, float64 and fallback",
+    source_files=("reference.py",),
+))
+
+for fused in (True, False):
+    for split in (True, False):
+        def _reasons(problem: Problem, fused=fused, split=split) -> list[str]:
+            return triton_reasons(problem) + (fused_reasons(problem) if fused else []) + (
+                split_reasons(problem) if split else []
+            )
+
+        layout = "fused-span (one program per (b, h, q), window keys read once)" if fused else "per-span (one program per (b, h, q, span))"
+        REGISTRY.register(Variant(
+            op=SPAN_BACKWARD, name=f"{'fused' if fused else 'per_span'}_{'split' if split else 'shared'}",
+            launch=partial(triton_backward, fused_spans=fused, split_dkv=split), space=BACKWARD_SPACE,
+            reasons=_reasons, compile_check=partial(resource_check, 3), default=backward_default,
+            priority=(0 if fused else 2) + (0 if split else 1),
+            description=f"{layout}; dK/dV {'per query head, then a group sum' if split else 'by atomics into shared buffers'}",
+            source_files=("kernels/span_backward.py", *KERNEL_FILES),
+        ))
+
+REGISTRY.register(Variant(
+    op=SPAN_BACKWARD, name="reference", launch=reference_backward, space=(), reasons=reference_reasons,
+    compile_check=no_check, default=reference_default, priority=100,
+    description="PyTorch reference (autograd on a recomputation); CPU, float64 and fallback",
+    source_files=("reference.py",),
+))
+REGISTRY.register(Variant(
+    op=STAGED_DECODE, name="staged", launch=staged_decode_with(triton_forward), space=FORWARD_SPACE,
+    reasons=triton_reasons, compile_check=partial(resource_check, 2), default=forward_default, priority=0,
+    description="stripe search and top-k in PyTorch, span attention by the per-(query, span) Triton forward",
+    source_files=("decode.py", "kernels/span_forward.py", *KERNEL_FILES),
+))
+REGISTRY.register(Variant(
+    op=STAGED_DECODE, name="staged_reference", launch=staged_decode_with(reference_forward), space=(),
+    reasons=reference_reasons, compile_check=no_check, default=reference_default, priority=100,
+    description="stripe search and top-k in PyTorch, span attention by the PyTorch reference",
+    source_files=("decode.py", "reference.py"),
+))
