@@ -14,11 +14,18 @@ from .api import (
     span_attention,
     span_attention_gqa,
 )
+from .dispatch import explain, select
 from .geometry import compute_qend_from_qanchor, max_stripe_index_for_token_pos, window_len_from_sw_index
+from .precompile import warmup
+from .problem import Problem
 
 __version__ = "0.1.0"
 
 __all__ = [
+    "Problem",
+    "explain",
+    "select",
+    "warmup",
     "compute_qend_from_qanchor",
     "decode_span_attention",
     "decode_span_attention_gqa",

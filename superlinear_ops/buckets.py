@@ -14,8 +14,8 @@ factors of two in total; the dispatcher may borrow a tuned result from a key wit
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
 from itertools import product
+from typing import NamedTuple
 
 from .problem import Problem
 
@@ -32,8 +32,7 @@ def query_bucket(queries: int) -> int:
     return next_power_of_two(queries)
 
 
-@dataclass(frozen=True)
-class ProblemKey:
+class ProblemKey(NamedTuple):
     """The bucketed identity of a Problem: what tuned entries are stored and found under."""
 
     op: str
@@ -64,22 +63,11 @@ class ProblemKey:
 
 def key_of(problem: Problem) -> ProblemKey:
     """The key a problem is stored and looked up under."""
+    p = problem
     return ProblemKey(
-        op=problem.op,
-        dtype=problem.dtype,
-        head_dim=problem.head_dim,
-        q_heads=problem.q_heads,
-        kv_heads=problem.kv_heads,
-        spans=problem.spans,
-        queries=query_bucket(problem.queries),
-        keys=next_power_of_two(problem.keys),
-        batch=next_power_of_two(problem.batch),
-        masked=problem.masked,
-        sw_index=problem.sw_index,
-        power=problem.power,
-        factors=problem.factors,
-        device=problem.device.name,
-        arch=problem.device.arch,
+        p.op, p.dtype, p.head_dim, p.q_heads, p.kv_heads, p.spans, query_bucket(p.queries),
+        next_power_of_two(p.keys), next_power_of_two(p.batch), p.masked, p.sw_index, p.power, p.factors,
+        p.device.name, p.device.arch,
     )
 
 
@@ -102,6 +90,6 @@ def neighbours(key: ProblemKey, distance: int = NEAREST_DISTANCE) -> list[tuple[
         queries, keys, batch = _shifted(key.queries, dq), _shifted(key.keys, dk), _shifted(key.batch, db)
         if None in (queries, keys, batch) or (key.queries != 1 and queries == 1):
             continue
-        other = replace(key, queries=queries, keys=keys, batch=batch)
+        other = key._replace(queries=queries, keys=keys, batch=batch)
         found.setdefault(other, steps)
     return sorted(((steps, k) for k, steps in found.items()), key=lambda item: (item[0], item[1].text()))

@@ -41,6 +41,63 @@ def _demo(args: argparse.Namespace) -> int:
     return 0 if all(r.ok for r in results) else 1
 
 
+def _variants(args: argparse.Namespace) -> int:
+    from .registry import REGISTRY
+
+    for variant in REGISTRY.all():
+        if args.op and variant.op != args.op:
+            continue
+        space = ", ".join(f"{p.name} in {{{', '.join(map(str, p.values))}}}" for p in variant.space) or "no tunables"
+        print(f"{variant.qualified_name}  (priority {variant.priority})")
+        print(f"    {variant.description}")
+        print(f"    space: {space}")
+    return 0
+
+
+def _problem_from_args(args: argparse.Namespace):
+    from . import geometry
+    from .problem import Problem, device_identity
+
+    search_power = None if args.inv_search_power_int is not None else args.search_power
+    params = geometry.power_params(search_power=search_power, inv_search_power_int=args.inv_search_power_int)
+    factors = (args.backward_factor, args.forward_factor, args.span_power) if args.op == "staged_decode" else ()
+    return Problem(
+        op=args.op, dtype=args.dtype, head_dim=args.head_dim, q_heads=args.q_heads, kv_heads=args.kv_heads,
+        spans=args.spans, queries=1 if args.op == "staged_decode" else args.queries, keys=args.keys,
+        batch=args.batch, masked=args.mask, sw_index=args.sw_index, power=params.label,
+        device=device_identity(_select_device(args.device)), factors=factors,
+    )
+
+
+def _explain(args: argparse.Namespace) -> int:
+    from .dispatch import explain
+
+    print(explain(_problem_from_args(args)).text())
+    return 0
+
+
+def _add_problem_arguments(parser: argparse.ArgumentParser) -> None:
+    """Flags describing one problem; the defaults are model M's decode at 64K (SPEC section 4)."""
+    ops = ("span_forward", "span_backward", "staged_decode")
+    parser.add_argument("--op", choices=ops, default="staged_decode", help="default: staged_decode")
+    parser.add_argument("--dtype", choices=DTYPES + ("float64",), default="bfloat16", help="default: bfloat16")
+    parser.add_argument("--batch", type=int, default=1, help="B (default 1)")
+    parser.add_argument("--q-heads", type=int, default=32, help="Hq (default 32)")
+    parser.add_argument("--kv-heads", type=int, default=2, help="Hkv (default 2)")
+    parser.add_argument("--head-dim", type=int, default=128, help="D (default 128)")
+    parser.add_argument("--spans", type=int, default=3, help="span slots K, topk for decode (default 3)")
+    parser.add_argument("--queries", type=int, default=1, help="Lq (ignored for decode; default 1)")
+    parser.add_argument("--keys", type=int, default=65536, help="Lkv (default 65536)")
+    parser.add_argument("--mask", action=argparse.BooleanOptionalAction, default=False, help="an attention mask is given")
+    parser.add_argument("--sw-index", type=int, default=65, help="default 65")
+    parser.add_argument("--search-power", type=float, default=0.55, help="float path p (default 0.55)")
+    parser.add_argument("--inv-search-power-int", type=int, default=None, help="integer path n, instead of --search-power")
+    parser.add_argument("--span-power", type=float, default=0.55, help="decode span power (default 0.55)")
+    parser.add_argument("--backward-factor", type=float, default=3.0, help="decode bf (default 3)")
+    parser.add_argument("--forward-factor", type=float, default=1.0, help="decode ff (default 1)")
+    parser.add_argument("--device", choices=("cuda", "cpu"), default=None, help="default: cuda when available")
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser of ``superlinear-ops`` and its subcommands."""
     from . import __version__
@@ -62,6 +119,21 @@ def build_parser() -> argparse.ArgumentParser:
     demo.add_argument("--dtype", choices=DTYPES, default="float32", help="input dtype (default float32)")
     demo.add_argument("--seed", type=int, default=0, help="random seed (default 0)")
     demo.set_defaults(handler=_demo)
+
+    variants = commands.add_parser(
+        "variants", help="list every registered kernel variant with its tunable space",
+        description="List the registry: each op's variants in priority order with their tunable parameters.",
+    )
+    variants.add_argument("--op", choices=("span_forward", "span_backward", "staged_decode"), default=None)
+    variants.set_defaults(handler=_variants)
+
+    explain = commands.add_parser(
+        "explain", help="say which variant and configuration the dispatcher picks for a problem, and why",
+        description="For one problem (defaults: model M's staged decode at 64K), list every variant with the "
+        "reasons it does not apply, the problem's key, the lookup layers consulted and the final choice.",
+    )
+    _add_problem_arguments(explain)
+    explain.set_defaults(handler=_explain)
     return parser
 
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import os
 import threading
-from dataclasses import dataclass, field
+from typing import NamedTuple
 
 import torch
 
@@ -18,10 +18,10 @@ SPAN_FORWARD = "span_forward"
 SPAN_BACKWARD = "span_backward"
 STAGED_DECODE = "staged_decode"
 OPS = (SPAN_FORWARD, SPAN_BACKWARD, STAGED_DECODE)
+_DTYPE_NAMES = {dt: str(dt).removeprefix("torch.") for dt in (torch.float16, torch.bfloat16, torch.float32, torch.float64)}
 
 
-@dataclass(frozen=True)
-class DeviceIdentity:
+class DeviceIdentity(NamedTuple):
     """Where kernels run: the GPU's name, compute capability and multiprocessor count.
 
     On the CPU, ``name`` is 'cpu' and ``arch`` says whether Triton's interpreter is on.
@@ -62,8 +62,7 @@ def device_identity(device: torch.device) -> DeviceIdentity:
     return identity
 
 
-@dataclass(frozen=True)
-class Problem:
+class Problem(NamedTuple):
     """One op call's shape, settings and device, as the registry and dispatcher see it.
 
     ``spans`` is K (span slots per query; topk for decode). ``power`` is 'int<n>' on the integer
@@ -84,7 +83,7 @@ class Problem:
     sw_index: int
     power: str
     device: DeviceIdentity
-    factors: tuple[float, ...] = field(default=())
+    factors: tuple[float, ...] = ()
 
     @property
     def params(self) -> geometry.PowerParams:
@@ -116,23 +115,14 @@ class Problem:
         masked: bool,
         sw_index: int,
         power: str,
+        factors: tuple[float, ...] = (),
     ) -> "Problem":
-        """The problem of a span forward or backward call."""
+        """The problem of a span forward or backward call (or, with ``factors``, a decode)."""
         batch, q_heads, queries, head_dim = q.shape
+        _, kv_heads, keys, _ = k.shape
         return cls(
-            op=op,
-            dtype=str(q.dtype).removeprefix("torch."),
-            head_dim=head_dim,
-            q_heads=q_heads,
-            kv_heads=k.shape[1],
-            spans=spans,
-            queries=queries,
-            keys=k.shape[2],
-            batch=batch,
-            masked=masked,
-            sw_index=sw_index,
-            power=power,
-            device=device_identity(q.device),
+            op, _DTYPE_NAMES[q.dtype], head_dim, q_heads, kv_heads, spans, queries, keys, batch, masked,
+            sw_index, power, device_identity(q.device), factors,
         )
 
     @classmethod
@@ -147,5 +137,4 @@ class Problem:
         factors: tuple[float, float, float],
     ) -> "Problem":
         """The problem of a staged-decode call."""
-        base = cls.for_span(STAGED_DECODE, q, k, topk, masked, sw_index, power)
-        return cls(**{**base.__dict__, "factors": tuple(float(f) for f in factors)})
+        return cls.for_span(STAGED_DECODE, q, k, topk, masked, sw_index, power, factors)

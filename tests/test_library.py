@@ -1,0 +1,79 @@
+"""torch.library ops: opcheck, torch.compile(fullgraph=True), and warm-up."""
+
+from __future__ import annotations
+
+import torch
+
+import superlinear_ops
+from superlinear_ops import geometry, library
+from superlinear_ops.problem import Problem
+
+B, HQ, HKV, LQ, LKV, D, K = 1, 4, 2, 3, 48, 16, 2
+
+
+def inputs(gen: torch.Generator):
+    q = torch.randn(B, HQ, LQ, D, generator=gen)
+    k = torch.randn(B, HKV, LKV, D, generator=gen)
+    v = torch.randn(B, HKV, LKV, D, generator=gen)
+    cache_position = torch.tensor([20, 30, 47])
+    qstart = torch.tensor([0, 5]).expand(B, HQ, LQ, K).contiguous()
+    qend = torch.tensor([3, 9]).expand(B, HQ, LQ, K).contiguous()
+    mask = torch.rand(B, LKV, generator=gen) > 0.1
+    return q, k, v, qstart, qend, cache_position, mask
+
+
+def test_opcheck_span_ops(gen: torch.Generator) -> None:
+    q, k, v, qstart, qend, cp, mask = inputs(gen)
+    args = (q.requires_grad_(), k.requires_grad_(), v.requires_grad_(), qstart, qend, cp, mask, 2, None, 2, 16)
+    torch.library.opcheck(library.span_forward, args)
+    out, lse = library.span_forward(*args)
+    grad = torch.randn(out.shape, generator=gen)
+    torch.library.opcheck(library.span_backward, (*(t.detach() for t in args[:3]), *args[3:], out.detach(), lse, grad))
+
+
+def test_opcheck_staged_decode(gen: torch.Generator) -> None:
+    _, k, v, _, _, cp, mask = inputs(gen)
+    q1, q2 = torch.randn(B, HQ, 1, D, generator=gen), torch.randn(B, HQ, 1, D, generator=gen)
+    torch.library.opcheck(library.staged_decode, (q1, q2, k, v, cp, mask, 2, 3, 2.0, 1.0, 0.5, None, 2, 16))
+
+
+class SpanBlock(torch.nn.Module):
+    def forward(self, q, k, v, qstart, qend, cache_position, mask):
+        out = superlinear_ops.fused_span_attention_gqa(q, k, v, qstart, qend, cache_position, mask, 2)
+        return out.mean(dim=3)
+
+
+def test_torch_compile_fullgraph_forward_and_backward(gen: torch.Generator) -> None:
+    q, k, v, qstart, qend, cp, mask = inputs(gen)
+    eager_leaves = [t.clone().requires_grad_() for t in (q, k, v)]
+    compiled_leaves = [t.clone().requires_grad_() for t in (q, k, v)]
+    eager = SpanBlock()(*eager_leaves, qstart, qend, cp, mask)
+    compiled = torch.compile(SpanBlock(), fullgraph=True, backend="aot_eager")(*compiled_leaves, qstart, qend, cp, mask)
+    torch.testing.assert_close(compiled, eager)
+    eager.sum().backward()
+    compiled.sum().backward()
+    for a, b in zip(compiled_leaves, eager_leaves):
+        torch.testing.assert_close(a.grad, b.grad)
+
+
+def test_torch_compile_fullgraph_decode(gen: torch.Generator) -> None:
+    _, k, v, _, _, cp, mask = inputs(gen)
+    q1, q2 = torch.randn(B, HQ, 1, D, generator=gen), torch.randn(B, HQ, 1, D, generator=gen)
+
+    def step(q1, q2, k, v, cp, mask):
+        return superlinear_ops.decode_span_attention_staged_gqa(q1, q2, k, v, cp, mask, 2, forward_factor=1.0)
+
+    compiled = torch.compile(step, fullgraph=True, backend="aot_eager")
+    torch.testing.assert_close(compiled(q1, q2, k, v, cp, mask), step(q1, q2, k, v, cp, mask))
+
+
+def test_warmup_runs_each_problem_and_builds_decode_tables() -> None:
+    device = superlinear_ops.problem.device_identity(torch.device("cpu"))
+    problems = [
+        Problem("span_backward", "float32", 16, 4, 2, 2, 3, 64, 1, True, 2, "int2", device),
+        Problem("staged_decode", "float32", 16, 4, 2, 3, 1, 96, 1, False, 2, "float0.55", device, (3.0, 1.0, 0.55)),
+    ]
+    assert superlinear_ops.warmup(problems, "cpu") == 2
+    params = geometry.PowerParams.from_label("float0.55")
+    assert ("stripes", 96, 2, params, "cpu") in geometry._TABLES
+    assert ("span_len", 3.0, 0.55, 96, "cpu") in geometry._TABLES
