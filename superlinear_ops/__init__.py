@@ -14,6 +14,7 @@ from .api import (
     span_attention,
     span_attention_gqa,
 )
+from .cache.layers import use_cache
 from .dispatch import explain, select
 from .geometry import compute_qend_from_qanchor, max_stripe_index_for_token_pos, window_len_from_sw_index
 from .precompile import warmup
@@ -21,10 +22,13 @@ from .problem import Problem
 
 __version__ = "0.1.0"
 
+use_cache()  # explicit cache (SUPERLINEAR_OPS_CACHE) > user store > shipped files > defaults
+
 __all__ = [
     "Problem",
     "explain",
     "select",
+    "use_cache",
     "warmup",
     "compute_qend_from_qanchor",
     "decode_span_attention",

@@ -1,0 +1,1 @@
+"""Tuned caches shipped with superlinear-ops (installed as ``superlinear_ops.shipped_cache``)."""

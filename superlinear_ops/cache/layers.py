@@ -1,0 +1,138 @@
+"""The lookup layers the dispatcher consults, in order: an explicit store (argument or
+SUPERLINEAR_OPS_CACHE: a SQLite file, a YAML file or a database URL), the user's store, then the
+YAML files shipped with the package. Each opens lazily on its first lookup. A layer that cannot be
+read (corrupt, truncated, missing table, newer schema, unreadable folder) warns once, naming the
+file and the problem, and answers misses from then on: the op always runs.
+"""
+
+from __future__ import annotations
+
+import importlib.resources
+import os
+import pathlib
+import threading
+import warnings
+from collections.abc import Callable
+
+from sqlalchemy.exc import SQLAlchemyError
+
+from ..buckets import ProblemKey
+from ..dispatch import DISPATCHER, LayerAnswer, TunedChoice
+from . import yaml_file
+from .entry import TunedEntry
+from .store import ENV_CACHE, Store, StoreError, resolve_url, sqlite_path, user_store_path
+from .validity import why_unusable
+
+SHIPPED_PACKAGE = "superlinear_ops.shipped_cache"
+
+
+class CacheWarning(RuntimeWarning):
+    """A tuned cache could not be used; the op falls back to the next layer."""
+
+
+class AbsentSource(Exception):
+    """The layer's file does not exist (yet): a quiet miss, checked again on the next lookup."""
+
+
+class EntryLayer:
+    """A layer over a lazily loaded source of entries; subclasses say how to load and look up."""
+
+    def __init__(self, name: str, where: str) -> None:
+        self.name = name
+        self.where = where
+        self._lock = threading.Lock()
+        self._broken: str | None = None
+
+    def _fetch(self, key: ProblemKey) -> TunedEntry | None:
+        raise NotImplementedError
+
+    def lookup(self, key: ProblemKey) -> LayerAnswer:
+        """The usable entry for ``key``, or a miss saying why."""
+        with self._lock:
+            if self._broken is not None:
+                return LayerAnswer(None, f"unavailable ({self._broken})")
+            try:
+                entry = self._fetch(key)
+            except AbsentSource as absent:
+                return LayerAnswer(None, str(absent))
+            except (StoreError, SQLAlchemyError, ValueError, OSError) as err:
+                self._broken = str(err)
+                warnings.warn(
+                    f"superlinear-ops: tuned cache {self.where} cannot be read ({err}); using the next layer",
+                    CacheWarning,
+                    stacklevel=2,
+                )
+                return LayerAnswer(None, f"unavailable ({err})")
+        if entry is None:
+            return LayerAnswer(None, f"no entry in {self.where}")
+        reason = why_unusable(entry, key)
+        if reason is not None:
+            return LayerAnswer(None, f"entry in {self.where} skipped: {reason}")
+        return LayerAnswer(TunedChoice(entry.variant, entry.config), f"{self.where}")
+
+
+class StoreLayer(EntryLayer):
+    """A SQLAlchemy store (opened read-only on first use)."""
+
+    def __init__(self, name: str, location: str | os.PathLike | None) -> None:
+        super().__init__(name, str(location if location is not None else user_store_path()))
+        self._location = location
+        self._store: Store | None = None
+
+    def _fetch(self, key: ProblemKey) -> TunedEntry | None:
+        if self._store is None:
+            path = sqlite_path(resolve_url(self._location))
+            if path is not None and not path.exists():
+                raise AbsentSource(f"no store at {path}")
+            self._store = Store.reader(self._location)
+        return self._store.get(key.text())
+
+
+class YamlLayer(EntryLayer):
+    """One or more YAML files, read in full on first use."""
+
+    def __init__(self, name: str, paths: Callable[[], list[pathlib.Path]], where: str) -> None:
+        super().__init__(name, where)
+        self._paths = paths
+        self._entries: dict[str, TunedEntry] | None = None
+
+    def _fetch(self, key: ProblemKey) -> TunedEntry | None:
+        if self._entries is None:
+            loaded: dict[str, TunedEntry] = {}
+            for path in self._paths():
+                for entry in yaml_file.read(path):
+                    loaded.setdefault(entry.key_text, entry)
+            self._entries = loaded
+        return self._entries.get(key.text())
+
+
+def shipped_files() -> list[pathlib.Path]:
+    """The YAML caches shipped inside the package, in name order."""
+    root = importlib.resources.files(SHIPPED_PACKAGE)
+    return sorted(pathlib.Path(str(p)) for p in root.iterdir() if p.name.endswith((".yaml", ".yml")))
+
+
+def layer_for(location: str | os.PathLike, name: str = "explicit") -> EntryLayer:
+    """A layer for a SQLite file, a YAML file or a database URL."""
+    text = str(location)
+    if text.endswith((".yaml", ".yml")) and "://" not in text:
+        path = pathlib.Path(text).expanduser()
+        return YamlLayer(name, lambda: [path], str(path))
+    return StoreLayer(name, location)
+
+
+def default_layers(explicit: str | os.PathLike | None = None) -> list[EntryLayer]:
+    """Explicit store (argument, else SUPERLINEAR_OPS_CACHE) > user store > shipped files."""
+    explicit = explicit if explicit is not None else os.environ.get(ENV_CACHE) or None
+    layers: list[EntryLayer] = [layer_for(explicit)] if explicit else []
+    layers.append(StoreLayer("user", None))
+    layers.append(YamlLayer("shipped", shipped_files, f"package {SHIPPED_PACKAGE}"))
+    return layers
+
+
+def use_cache(location: str | os.PathLike | None = None) -> None:
+    """Point the dispatcher at an explicit cache (None: back to SUPERLINEAR_OPS_CACHE and defaults).
+
+    Forgets memoised choices, so later calls consult the new layers.
+    """
+    DISPATCHER.set_layers(default_layers(location))

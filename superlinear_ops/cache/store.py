@@ -1,0 +1,317 @@
+"""The tuned-entry store: SQLAlchemy 2.x over SQLite (default) or any database URL (PostgreSQL...).
+
+- A schema-version table and a migration path (``MIGRATIONS``); a schema newer than the code is
+  refused.
+- SQLite runs in WAL mode with a busy timeout, and write transactions take the write lock up front
+  (``BEGIN IMMEDIATE``), so concurrent writers neither lose rows nor see "database is locked".
+- Upserts keep the faster entry unless forced, in one atomic statement.
+- Readers never create or change anything; writers never touch a store they cannot read.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import pathlib
+from collections.abc import Callable, Iterable
+from contextlib import contextmanager
+
+import platformdirs
+from sqlalchemy import (
+    Boolean, Column, Connection, Float, Integer, MetaData, String, Table, Text, create_engine, delete, event,
+    inspect, select,
+)
+from sqlalchemy.dialects import postgresql, sqlite
+from sqlalchemy.engine import Engine
+from sqlalchemy.exc import SQLAlchemyError
+
+from ..buckets import ProblemKey
+from ..kernels.launch import KernelConfig
+from .entry import Provenance, TunedEntry
+
+SCHEMA_VERSION = 1
+BUSY_TIMEOUT_S = 60
+ENV_CACHE = "SUPERLINEAR_OPS_CACHE"
+
+metadata = MetaData()
+schema_table = Table("superlinear_ops_schema", metadata, Column("version", Integer, nullable=False))
+_KEY_COLUMNS = [
+    Column("op", String(32), nullable=False),
+    Column("dtype", String(16), nullable=False),
+    Column("head_dim", Integer, nullable=False),
+    Column("q_heads", Integer, nullable=False),
+    Column("kv_heads", Integer, nullable=False),
+    Column("spans", Integer, nullable=False),
+    Column("queries", Integer, nullable=False),
+    Column("keys", Integer, nullable=False),
+    Column("batch", Integer, nullable=False),
+    Column("masked", Boolean, nullable=False),
+    Column("sw_index", Integer, nullable=False),
+    Column("power", String(64), nullable=False),
+    Column("factors", String(256), nullable=False),
+    Column("device", String(128), nullable=False),
+    Column("arch", String(32), nullable=False),
+]
+_PROVENANCE_COLUMNS = [
+    Column(name, Boolean if name == "interpreter" else String(256), nullable=False)
+    for name in Provenance.__dataclass_fields__
+]
+entries_table = Table(
+    "superlinear_ops_entries",
+    metadata,
+    Column("key_text", String(512), primary_key=True),
+    *_KEY_COLUMNS,
+    Column("variant", String(64), nullable=False),
+    Column("config", Text, nullable=False),
+    Column("median_ms", Float, nullable=False),
+    Column("default_ms", Float, nullable=False),
+    Column("max_error", Float, nullable=False),
+    Column("sampler", String(32), nullable=False),
+    Column("trials", Integer, nullable=False),
+    Column("seed", Integer, nullable=False),
+    *_PROVENANCE_COLUMNS,
+)
+# MIGRATIONS[v] upgrades a store at schema version v to v + 1, inside the writer's transaction.
+MIGRATIONS: dict[int, Callable[[Connection], None]] = {}
+
+
+class StoreError(RuntimeError):
+    """A store cannot be opened, read or written; the message names the store and the problem."""
+
+
+def user_store_path() -> pathlib.Path:
+    """The user's default store: a SQLite file in the user cache directory."""
+    return pathlib.Path(platformdirs.user_cache_dir("superlinear-ops")) / "tuning.sqlite"
+
+
+def resolve_url(location: str | os.PathLike | None) -> str:
+    """A SQLAlchemy URL for a path, a URL, or None (the user's store)."""
+    if location is None:
+        location = user_store_path()
+    text = str(location)
+    if "://" in text:
+        return text
+    return f"sqlite:///{pathlib.Path(text).expanduser().resolve()}"
+
+
+def sqlite_path(url: str) -> pathlib.Path | None:
+    """The file of a SQLite URL (None for other databases)."""
+    prefix = "sqlite:///"
+    return pathlib.Path(url[len(prefix):]) if url.startswith(prefix) and len(url) > len(prefix) else None
+
+
+def _factors_text(factors: tuple[float, ...]) -> str:
+    return ",".join(repr(f) for f in factors)
+
+
+def _row(entry: TunedEntry) -> dict:
+    row = {"key_text": entry.key_text, **entry.key._asdict()}
+    row["factors"] = _factors_text(entry.key.factors)
+    row.update(
+        variant=entry.variant,
+        config=json.dumps(entry.config.__dict__, sort_keys=True),
+        median_ms=entry.median_ms,
+        default_ms=entry.default_ms,
+        max_error=entry.max_error,
+        sampler=entry.sampler,
+        trials=entry.trials,
+        seed=entry.seed,
+        **entry.provenance.__dict__,
+    )
+    return row
+
+
+def _entry(row) -> TunedEntry:
+    m = row._mapping
+    key = {c.name: m[c.name] for c in _KEY_COLUMNS}
+    key["factors"] = tuple(float(f) for f in key["factors"].split(",") if f)
+    key["masked"] = bool(key["masked"])
+    provenance = {c.name: m[c.name] for c in _PROVENANCE_COLUMNS}
+    provenance["interpreter"] = bool(provenance["interpreter"])
+    return TunedEntry(
+        key=ProblemKey(**key),
+        variant=m["variant"],
+        config=KernelConfig(**json.loads(m["config"])),
+        median_ms=m["median_ms"],
+        default_ms=m["default_ms"],
+        max_error=m["max_error"],
+        sampler=m["sampler"],
+        trials=m["trials"],
+        seed=m["seed"],
+        provenance=Provenance(**provenance),
+    )
+
+
+def _engine(url: str, writer: bool) -> Engine:
+    if not url.startswith("sqlite"):
+        return create_engine(url, pool_pre_ping=True)
+    engine = create_engine(url, connect_args={"timeout": BUSY_TIMEOUT_S, "check_same_thread": False})
+
+    @event.listens_for(engine, "connect")
+    def _on_connect(dbapi_connection, _record) -> None:
+        dbapi_connection.isolation_level = None  # transactions are begun below, not by the driver
+        cursor = dbapi_connection.cursor()
+        cursor.execute(f"PRAGMA busy_timeout = {BUSY_TIMEOUT_S * 1000}")
+        if writer:
+            cursor.execute("PRAGMA journal_mode = WAL")
+        cursor.close()
+
+    @event.listens_for(engine, "begin")
+    def _on_begin(conn) -> None:
+        conn.exec_driver_sql("BEGIN IMMEDIATE" if conn.get_execution_options().get("write") else "BEGIN")
+
+    return engine
+
+
+class Store:
+    """One store of tuned entries; open it with ``Store.reader`` or ``Store.writer``."""
+
+    def __init__(self, url: str, engine: Engine, writable: bool) -> None:
+        self.url = url
+        self.writable = writable
+        self._engine = engine
+
+    @classmethod
+    def reader(cls, location: str | os.PathLike | None = None) -> "Store":
+        """Open for reading only; raises StoreError (creates nothing) when it cannot be read."""
+        url = resolve_url(location)
+        path = sqlite_path(url)
+        if path is not None and not path.is_file():
+            raise StoreError(f"no store at {path}")
+        store = cls(url, _engine(url, writer=False), writable=False)
+        store._check_schema(create=False)
+        return store
+
+    @classmethod
+    def writer(cls, location: str | os.PathLike | None = None) -> "Store":
+        """Open for writing, creating an empty store if needed; never touches one it cannot read."""
+        url = resolve_url(location)
+        path = sqlite_path(url)
+        if path is not None:
+            try:
+                path.parent.mkdir(parents=True, exist_ok=True)
+            except OSError as err:
+                raise StoreError(f"cannot create the folder of store {path}: {err}") from err
+            if path.is_file() and path.stat().st_size:
+                cls._probe_sqlite(url)
+        store = cls(url, _engine(url, writer=True), writable=True)
+        store._check_schema(create=True)
+        return store
+
+    @classmethod
+    def _probe_sqlite(cls, url: str) -> None:
+        """Refuse a damaged SQLite file before a writer's first write (WAL switch) can touch it."""
+        probe = cls(url, _engine(url, writer=False), writable=False)
+        try:
+            with probe._transaction(write=False) as conn:
+                verdict = conn.exec_driver_sql("PRAGMA quick_check").scalar()
+        finally:
+            probe.close()
+        if verdict != "ok":
+            raise StoreError(f"store {url} is damaged ({verdict}); refusing to write to it")
+
+    def close(self) -> None:
+        """Release the store's connections."""
+        self._engine.dispose()
+
+    def __enter__(self) -> "Store":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    @contextmanager
+    def _transaction(self, write: bool):
+        try:
+            with self._engine.connect().execution_options(write=write) as conn, conn.begin():
+                yield conn
+        except SQLAlchemyError as err:
+            cause = getattr(err, "orig", None) or err
+            raise StoreError(f"store {self.url}: {cause.__class__.__name__}: {cause}") from err
+
+    def _check_schema(self, create: bool) -> None:
+        with self._transaction(write=create) as conn:
+            tables = set(inspect(conn).get_table_names())
+            if schema_table.name not in tables:
+                if not create:
+                    raise StoreError(f"store {self.url} has no {schema_table.name} table (not a superlinear-ops store)")
+                if tables:
+                    raise StoreError(
+                        f"store {self.url} holds other tables {sorted(tables)} but no superlinear-ops schema; "
+                        "refusing to write into it"
+                    )
+                metadata.create_all(conn)
+                conn.execute(schema_table.insert().values(version=SCHEMA_VERSION))
+                return
+            version = conn.execute(select(schema_table.c.version)).scalar()
+            if version is None:
+                raise StoreError(f"store {self.url} has an empty schema table")
+            if version > SCHEMA_VERSION:
+                raise StoreError(
+                    f"store {self.url} has schema version {version}, newer than this package's {SCHEMA_VERSION}; "
+                    "upgrade superlinear-ops to use it"
+                )
+            if entries_table.name not in tables:
+                raise StoreError(f"store {self.url} lacks its {entries_table.name} table")
+            if version < SCHEMA_VERSION and create:
+                for step in range(version, SCHEMA_VERSION):
+                    MIGRATIONS[step](conn)
+                conn.execute(schema_table.update().values(version=SCHEMA_VERSION))
+
+    def get(self, key_text: str) -> TunedEntry | None:
+        """The entry stored under ``key_text``, if any."""
+        with self._transaction(write=False) as conn:
+            row = conn.execute(select(entries_table).where(entries_table.c.key_text == key_text)).first()
+        return None if row is None else _entry(row)
+
+    def entries(self) -> list[TunedEntry]:
+        """Every entry, ordered by key text."""
+        with self._transaction(write=False) as conn:
+            rows = conn.execute(select(entries_table).order_by(entries_table.c.key_text)).all()
+        return [_entry(r) for r in rows]
+
+    def put(self, entry: TunedEntry, *, force: bool = False) -> bool:
+        """Store ``entry``; an existing entry for its key is replaced only by a faster one (or when forced).
+
+        Returns True when ``entry`` was written.
+        """
+        return self.put_many([entry], force=force) == 1
+
+    def put_many(self, entries: Iterable[TunedEntry], *, force: bool = False) -> int:
+        """``put`` for many entries in one transaction; returns how many were written."""
+        if not self.writable:
+            raise StoreError(f"store {self.url} was opened read-only")
+        written = 0
+        with self._transaction(write=True) as conn:
+            for entry in entries:
+                written += self._upsert(conn, _row(entry), force)
+        return written
+
+    def _upsert(self, conn: Connection, row: dict, force: bool) -> int:
+        dialect = conn.dialect.name
+        if dialect in ("sqlite", "postgresql"):
+            insert = (sqlite if dialect == "sqlite" else postgresql).insert(entries_table).values(**row)
+            updates = {name: insert.excluded[name] for name in row if name != "key_text"}
+            where = None if force else insert.excluded.median_ms < entries_table.c.median_ms
+            statement = insert.on_conflict_do_update(index_elements=["key_text"], set_=updates, where=where)
+            return conn.execute(statement).rowcount
+        current = conn.execute(
+            select(entries_table.c.median_ms).where(entries_table.c.key_text == row["key_text"]).with_for_update()
+        ).scalar()
+        if current is None:
+            conn.execute(entries_table.insert().values(**row))
+            return 1
+        if force or row["median_ms"] < current:
+            conn.execute(entries_table.update().where(entries_table.c.key_text == row["key_text"]).values(**row))
+            return 1
+        return 0
+
+    def delete(self, key_texts: Iterable[str]) -> int:
+        """Remove the entries under ``key_texts``; returns how many were removed."""
+        if not self.writable:
+            raise StoreError(f"store {self.url} was opened read-only")
+        keys = list(key_texts)
+        if not keys:
+            return 0
+        with self._transaction(write=True) as conn:
+            return conn.execute(delete(entries_table).where(entries_table.c.key_text.in_(keys))).rowcount

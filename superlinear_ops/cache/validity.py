@@ -1,0 +1,34 @@
+"""When a stored entry may serve here: same GPU architecture, kernel source and Triton major.minor,
+and never an interpreter timing on a GPU."""
+
+from __future__ import annotations
+
+from ..buckets import ProblemKey
+from ..registry import REGISTRY
+from .entry import TunedEntry
+from .provenance import kernel_hash, major_minor, triton_version
+
+
+def why_unusable(entry: TunedEntry, wanted: ProblemKey | None = None) -> str | None:
+    """Why ``entry`` cannot serve on this machine (None when it can).
+
+    ``wanted`` is the key being looked up (its device arch is the GPU's here).
+    """
+    key = entry.key
+    prov = entry.provenance
+    arch = wanted.arch if wanted is not None else key.arch
+    if prov.compute_capability != arch:
+        return f"measured on {prov.compute_capability}, this device is {arch}"
+    if prov.interpreter and arch.startswith("sm_"):
+        return "measured under Triton's CPU interpreter; never used on a GPU"
+    try:
+        current = kernel_hash(key.op, entry.variant)
+    except KeyError:
+        return f"variant {key.op}/{entry.variant} is not registered in this version"
+    if prov.kernel_hash != current:
+        return f"kernel source changed (entry {prov.kernel_hash}, code {current})"
+    if major_minor(prov.triton_version) != major_minor(triton_version()):
+        return f"measured with Triton {prov.triton_version}, installed {triton_version()}"
+    if not REGISTRY.get(key.op, entry.variant).contains(entry.config) and REGISTRY.get(key.op, entry.variant).space:
+        return f"configuration {entry.config} is outside the variant's declared space"
+    return None
