@@ -134,6 +134,10 @@ def build_parser() -> argparse.ArgumentParser:
     )
     _add_problem_arguments(explain)
     explain.set_defaults(handler=_explain)
+
+    from .cache.commands import add_commands
+
+    add_commands(commands)
     return parser
 
 
@@ -143,7 +147,13 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(
         level=logging.DEBUG if args.verbose else logging.INFO, format="%(levelname)s %(name)s: %(message)s"
     )
-    return args.handler(args)
+    from .cache.store import StoreError
+
+    try:
+        return args.handler(args)
+    except (StoreError, ValueError, OSError) as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
 
 
 if __name__ == "__main__":

@@ -200,15 +200,18 @@ class Store:
 
     @classmethod
     def _probe_sqlite(cls, url: str) -> None:
-        """Refuse a damaged SQLite file before a writer's first write (WAL switch) can touch it."""
+        """Refuse a damaged, foreign or newer SQLite file before a writer's first write (the WAL switch)."""
         probe = cls(url, _engine(url, writer=False), writable=False)
         try:
             with probe._transaction(write=False) as conn:
                 verdict = conn.exec_driver_sql("PRAGMA quick_check").scalar()
+                has_tables = bool(inspect(conn).get_table_names())
+            if verdict != "ok":
+                raise StoreError(f"store {url} is damaged ({verdict}); refusing to write to it")
+            if has_tables:
+                probe._check_schema(create=False)
         finally:
             probe.close()
-        if verdict != "ok":
-            raise StoreError(f"store {url} is damaged ({verdict}); refusing to write to it")
 
     def close(self) -> None:
         """Release the store's connections."""
@@ -294,7 +297,7 @@ class Store:
             updates = {name: insert.excluded[name] for name in row if name != "key_text"}
             where = None if force else insert.excluded.median_ms < entries_table.c.median_ms
             statement = insert.on_conflict_do_update(index_elements=["key_text"], set_=updates, where=where)
-            return conn.execute(statement).rowcount
+            return len(conn.execute(statement.returning(entries_table.c.key_text)).all())
         current = conn.execute(
             select(entries_table.c.median_ms).where(entries_table.c.key_text == row["key_text"]).with_for_update()
         ).scalar()

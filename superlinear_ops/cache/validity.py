@@ -1,5 +1,5 @@
 """When a stored entry may serve here: same GPU architecture, kernel source and Triton major.minor,
-and never an interpreter timing on a GPU."""
+and never an interpreter timing on a GPU. Stale entries (code changed) serve nowhere: prune them."""
 
 from __future__ import annotations
 
@@ -7,6 +7,21 @@ from ..buckets import ProblemKey
 from ..registry import REGISTRY
 from .entry import TunedEntry
 from .provenance import kernel_hash, major_minor, triton_version
+
+
+def why_stale(entry: TunedEntry) -> str | None:
+    """Why no machine can use ``entry`` with this version of the package (None when some can)."""
+    op = entry.key.op
+    try:
+        variant = REGISTRY.get(op, entry.variant)
+    except KeyError:
+        return f"variant {op}/{entry.variant} is not registered in this version"
+    current = kernel_hash(op, entry.variant)
+    if entry.provenance.kernel_hash != current:
+        return f"kernel source changed (entry {entry.provenance.kernel_hash}, code {current})"
+    if variant.space and not variant.contains(entry.config):
+        return f"configuration {entry.config} is outside the variant's declared space"
+    return None
 
 
 def why_unusable(entry: TunedEntry, wanted: ProblemKey | None = None) -> str | None:
@@ -21,14 +36,9 @@ def why_unusable(entry: TunedEntry, wanted: ProblemKey | None = None) -> str | N
         return f"measured on {prov.compute_capability}, this device is {arch}"
     if prov.interpreter and arch.startswith("sm_"):
         return "measured under Triton's CPU interpreter; never used on a GPU"
-    try:
-        current = kernel_hash(key.op, entry.variant)
-    except KeyError:
-        return f"variant {key.op}/{entry.variant} is not registered in this version"
-    if prov.kernel_hash != current:
-        return f"kernel source changed (entry {prov.kernel_hash}, code {current})"
+    stale = why_stale(entry)
+    if stale is not None:
+        return stale
     if major_minor(prov.triton_version) != major_minor(triton_version()):
         return f"measured with Triton {prov.triton_version}, installed {triton_version()}"
-    if not REGISTRY.get(key.op, entry.variant).contains(entry.config) and REGISTRY.get(key.op, entry.variant).space:
-        return f"configuration {entry.config} is outside the variant's declared space"
     return None

@@ -1,0 +1,90 @@
+"""The ``show`` and ``cache export|import|prune`` commands."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+
+from . import yaml_file
+from .store import Store, StoreError
+from .validity import why_stale, why_unusable
+
+log = logging.getLogger(__name__)
+
+
+def show(args: argparse.Namespace) -> int:
+    """Print the store's entries as a table."""
+    with Store.reader(args.cache) as store:
+        entries = store.entries()
+    if not entries:
+        print(f"{store.url}: no entries")
+        return 0
+    print(f"{'key':<100} {'variant':<16} {'block_k/warps/stages':>20} {'best ms':>10} {'default ms':>11} {'speedup':>8}  usable here")
+    for e in entries:
+        config = f"{e.config.block_k}/{e.config.num_warps}/{e.config.num_stages}"
+        speedup = e.default_ms / e.median_ms if e.median_ms > 0 else float("nan")
+        reason = why_unusable(e)
+        print(f"{e.key_text:<100} {e.variant:<16} {config:>20} {e.median_ms:>10.4f} {e.default_ms:>11.4f} "
+              f"{speedup:>7.2f}x  {'yes' if reason is None else 'no: ' + reason}")
+    return 0
+
+
+def export(args: argparse.Namespace) -> int:
+    """Write the store's entries to a canonical YAML file."""
+    with Store.reader(args.cache) as store:
+        count = yaml_file.write(store.entries(), args.output)
+    log.info("wrote %d entries to %s", count, args.output)
+    return 0
+
+
+def import_(args: argparse.Namespace) -> int:
+    """Merge a YAML file into the store (faster entries win unless --force)."""
+    entries = yaml_file.read(args.file)
+    with Store.writer(args.cache) as store:
+        written = store.put_many(entries, force=args.force)
+    log.info("imported %d of %d entries from %s into %s", written, len(entries), args.file, store.url)
+    return 0
+
+
+def prune(args: argparse.Namespace) -> int:
+    """Remove entries that no machine can use with this version of the package."""
+    with Store.writer(args.cache) as store:
+        stale = [(e.key_text, why_stale(e)) for e in store.entries()]
+        stale = [(k, r) for k, r in stale if r is not None]
+        for key, reason in stale:
+            log.info("%s %s: %s", "would remove" if args.dry_run else "removing", key, reason)
+        removed = 0 if args.dry_run else store.delete(k for k, _ in stale)
+    log.info("%d stale entries%s", len(stale), "" if args.dry_run else f", {removed} removed")
+    return 0
+
+
+def add_commands(commands) -> None:
+    """Register ``show`` and ``cache ...`` on the CLI's subparsers."""
+    cache_help = "store: a SQLite file or database URL (default: the user's store)"
+    show_parser = commands.add_parser("show", help="list the entries of a tuned-cache store",
+                                      description="List a store's tuned entries with timings and usability here.")
+    show_parser.add_argument("--cache", default=None, help=cache_help)
+    show_parser.set_defaults(handler=show)
+
+    cache = commands.add_parser("cache", help="export, import or prune tuned-cache stores",
+                                description="Move tuned entries between stores and YAML files, and prune stale ones.")
+    sub = cache.add_subparsers(dest="cache_command", metavar="ACTION", required=True)
+    p = sub.add_parser("export", help="write a store's entries to a canonical YAML file",
+                       description="Write every entry of a store to a canonical, diff-friendly YAML file.")
+    p.add_argument("--cache", default=None, help=cache_help)
+    p.add_argument("--output", "-o", required=True, help="YAML file to write")
+    p.set_defaults(handler=export)
+    p = sub.add_parser("import", help="merge a YAML file into a store",
+                       description="Merge a YAML file into a store: an entry replaces a slower one for its key.")
+    p.add_argument("file", help="YAML file to read")
+    p.add_argument("--cache", default=None, help=cache_help)
+    p.add_argument("--force", action="store_true", help="replace existing entries even when they are faster")
+    p.set_defaults(handler=import_)
+    p = sub.add_parser("prune", help="remove entries this package version can no longer use",
+                       description="Remove entries whose variant is gone or whose kernel source has changed.")
+    p.add_argument("--cache", default=None, help=cache_help)
+    p.add_argument("--dry-run", action="store_true", help="only list what would be removed")
+    p.set_defaults(handler=prune)
+
+
+__all__ = ["StoreError", "add_commands"]
