@@ -10,7 +10,7 @@ import sys
 DTYPES = ("float32", "bfloat16", "float16")
 
 
-def _select_device(requested: str | None):
+def select_device(requested: str | None):
     """The torch device to run on; without a GPU, switch Triton to its interpreter first."""
     import torch
 
@@ -28,7 +28,7 @@ def _select_device(requested: str | None):
 def _demo(args: argparse.Namespace) -> int:
     import torch
 
-    device = _select_device(args.device)
+    device = select_device(args.device)
     dtype = getattr(torch, args.dtype)
     if device.type == "cpu":
         logging.info("no GPU in use: running the Triton kernels under Triton's interpreter (slow, small shapes)")
@@ -65,7 +65,7 @@ def _problem_from_args(args: argparse.Namespace):
         op=args.op, dtype=args.dtype, head_dim=args.head_dim, q_heads=args.q_heads, kv_heads=args.kv_heads,
         spans=args.spans, queries=1 if args.op == "staged_decode" else args.queries, keys=args.keys,
         batch=args.batch, masked=args.mask, sw_index=args.sw_index, power=params.label,
-        device=device_identity(_select_device(args.device)), factors=factors,
+        device=device_identity(select_device(args.device)), factors=factors,
     )
 
 
@@ -135,9 +135,11 @@ def build_parser() -> argparse.ArgumentParser:
     _add_problem_arguments(explain)
     explain.set_defaults(handler=_explain)
 
-    from .cache.commands import add_commands
+    from .cache.commands import add_commands as add_cache_commands
+    from .tuner.commands import add_commands as add_tuner_commands
 
-    add_commands(commands)
+    add_tuner_commands(commands)
+    add_cache_commands(commands)
     return parser
 
 
@@ -149,6 +151,8 @@ def main(argv: list[str] | None = None) -> int:
     )
     from .cache.store import StoreError
 
+    if getattr(args, "normalise_trials", False) and args.trials == 0:
+        args.trials = None
     try:
         return args.handler(args)
     except (StoreError, ValueError, OSError) as err:

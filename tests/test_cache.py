@@ -223,11 +223,17 @@ def test_writers_refuse_stores_they_cannot_read(name, tmp_path) -> None:
     assert path.read_bytes() == before
 
 
-def test_writer_refuses_a_foreign_database(tmp_path) -> None:
-    path = tmp_path / "foreign.sqlite"
+def test_writer_adds_its_tables_beside_others_and_refuses_half_a_store(tmp_path) -> None:
+    path = tmp_path / "shared.sqlite"
     with sqlite3.connect(path) as db:
         db.execute("CREATE TABLE notes (x)")
-    with pytest.raises(StoreError, match="not a superlinear-ops store|other tables"):
+        db.execute("INSERT INTO notes VALUES (42)")
+    with Store.writer(path) as store:
+        store.put(make_entry(0))
+    with sqlite3.connect(path) as db:
+        assert db.execute("SELECT x FROM notes").fetchall() == [(42,)]
+        db.execute("DROP TABLE superlinear_ops_schema")
+    with pytest.raises(StoreError, match="no schema table|superlinear-ops store"):
         Store.writer(path)
 
 

@@ -5,7 +5,8 @@
 - SQLite runs in WAL mode with a busy timeout, and write transactions take the write lock up front
   (``BEGIN IMMEDIATE``), so concurrent writers neither lose rows nor see "database is locked".
 - Upserts keep the faster entry unless forced, in one atomic statement.
-- Readers never create or change anything; writers never touch a store they cannot read.
+- Readers never create or change anything; writers never touch a store they cannot read. The two
+  tables may share a database with other applications' tables (e.g. Optuna's studies).
 """
 
 from __future__ import annotations
@@ -205,10 +206,10 @@ class Store:
         try:
             with probe._transaction(write=False) as conn:
                 verdict = conn.exec_driver_sql("PRAGMA quick_check").scalar()
-                has_tables = bool(inspect(conn).get_table_names())
+                ours = {schema_table.name, entries_table.name} & set(inspect(conn).get_table_names())
             if verdict != "ok":
                 raise StoreError(f"store {url} is damaged ({verdict}); refusing to write to it")
-            if has_tables:
+            if ours:
                 probe._check_schema(create=False)
         finally:
             probe.close()
@@ -238,12 +239,9 @@ class Store:
             if schema_table.name not in tables:
                 if not create:
                     raise StoreError(f"store {self.url} has no {schema_table.name} table (not a superlinear-ops store)")
-                if tables:
-                    raise StoreError(
-                        f"store {self.url} holds other tables {sorted(tables)} but no superlinear-ops schema; "
-                        "refusing to write into it"
-                    )
-                metadata.create_all(conn)
+                if entries_table.name in tables:
+                    raise StoreError(f"store {self.url} has an entries table but no schema table; refusing to write to it")
+                metadata.create_all(conn)  # beside any other application's tables, which stay untouched
                 conn.execute(schema_table.insert().values(version=SCHEMA_VERSION))
                 return
             version = conn.execute(select(schema_table.c.version)).scalar()

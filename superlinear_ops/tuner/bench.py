@@ -1,0 +1,184 @@
+"""``bench`` and ``verify``: the heuristic default, the tuned choice, dense SDPA and the lower bound,
+side by side in one run, per problem of a workload."""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+from dataclasses import asdict, dataclass
+
+import torch
+import torch.nn.functional as F
+
+from .. import dispatch, geometry
+from ..problem import SPAN_BACKWARD, STAGED_DECODE, Problem, device_identity
+from .runner import CandidateFailed, ProblemBench, measure
+from .tune import unique_cases
+from .workload import Case, load
+
+log = logging.getLogger(__name__)
+
+# Ceilings measured on an H200 (KINDS.md, SPEC section 5): copy bandwidth and bf16 tensor-core rate.
+PEAKS = {"NVIDIA H200": (4.3e12, 790e12)}
+
+
+@dataclass(frozen=True)
+class BenchRow:
+    """One problem's timings (milliseconds) and its lower bound."""
+
+    label: str
+    op: str
+    default_ms: float
+    tuned_ms: float
+    tuned_choice: str
+    tuned_source: str
+    sdpa_ms: float
+    sdpa_kind: str
+    lower_bound_ms: float
+    lower_bound_basis: str
+
+    @property
+    def speedup(self) -> float:
+        """Default over tuned."""
+        return self.default_ms / self.tuned_ms if self.tuned_ms > 0 else float("nan")
+
+
+def span_length(case: Case, t: int) -> int:
+    """Keys one span covers at t tokens (backward + forward part)."""
+    bf, ff, sp = case.span_factors
+    return geometry.ceil_scaled_power(bf, t, sp) + geometry.ceil_scaled_power(ff, t, sp) + 1
+
+
+def lower_bound(case: Case) -> tuple[float, str]:
+    """max(bytes / bandwidth, FLOPs / tensor rate) in ms for this device's peaks (nan if unknown)."""
+    p = case.problem
+    peaks = PEAKS.get(p.device.name)
+    if peaks is None:
+        return float("nan"), "no peak figures for this device"
+    bandwidth, rate = peaks
+    elem = torch.empty(0, dtype=p.torch_dtype).element_size()
+    window = p.window
+    if p.op == STAGED_DECODE:
+        t = case.cache_fill or p.keys
+        stripes = geometry.stripe_count(p.keys, p.sw_index, p.params) - p.sw_index
+        rows = min(t, window + p.rep * p.spans * span_length(case, t))  # distinct K/V rows per kv head
+        bytes_ = p.batch * p.kv_heads * (2 * rows + stripes) * p.head_dim * elem
+        flops = 4.0 * p.batch * p.q_heads * p.spans * (window + span_length(case, t)) * p.head_dim
+    else:
+        t = p.keys
+        keys_per_span = min(t, window + span_length(case, t))
+        flops = 4.0 * p.batch * p.q_heads * p.queries * p.spans * keys_per_span * p.head_dim
+        out = p.batch * p.q_heads * p.queries * p.spans * p.head_dim
+        bytes_ = (p.batch * (p.q_heads * p.queries + 2 * p.kv_heads * p.keys) * p.head_dim + out) * elem
+        if p.op == SPAN_BACKWARD:
+            flops *= 2.5
+            bytes_ *= 2
+    seconds = max(bytes_ / bandwidth, flops / rate)
+    basis = f"{bytes_ / 1e9:.3g} GB at {bandwidth / 1e12:.1f} TB/s, {flops / 1e12:.3g} TFLOP at {rate / 1e12:.0f} TFLOP/s"
+    return seconds * 1e3, basis
+
+
+def sdpa_time(bench: ProblemBench) -> tuple[float, str]:
+    """Dense scaled_dot_product_attention on the same inputs."""
+    p, x = bench.problem, bench.inputs
+    if p.op == STAGED_DECODE:
+        filled = bench.case.cache_fill or p.keys
+        k, v = x.k[:, :, :filled], x.v[:, :, :filled]
+        return measure(lambda: F.scaled_dot_product_attention(x.q, k, v, enable_gqa=True), bench.device, graph=True), "decode over the filled prefix"
+    if p.op == SPAN_BACKWARD:
+        q, k, v = (t.detach().clone().requires_grad_() for t in (x.q, x.k, x.v))
+        grad = torch.randn_like(x.q)
+
+        def fwd_bwd():
+            F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True).backward(grad)
+
+        return measure(fwd_bwd, bench.device), "causal forward + backward"
+    causal = p.queries == p.keys
+    return measure(lambda: F.scaled_dot_product_attention(x.q, x.k, x.v, is_causal=causal, enable_gqa=True), bench.device), (
+        "causal" if causal else "no causal mask"
+    )
+
+
+def bench_case(case: Case, device: torch.device, seed: int = 0) -> BenchRow:
+    """Time the default and the dispatcher's choice, dense SDPA, and the lower bound for one case."""
+    bench = ProblemBench(case, device, seed)
+    default_ms = bench.time_ms(bench.default_variant, bench.default_config)
+    choice = dispatch.select(case.problem)
+    bench.check(choice.variant, choice.config)
+    tuned_ms = bench.time_ms(choice.variant, choice.config)
+    sdpa_ms, sdpa_kind = sdpa_time(bench)
+    bound, basis = lower_bound(case)
+    config = choice.config
+    return BenchRow(
+        case.label, case.problem.op, default_ms, tuned_ms,
+        f"{choice.variant.name} {config.block_k}/{config.num_warps}/{config.num_stages}", choice.source,
+        sdpa_ms, sdpa_kind, bound, basis,
+    )
+
+
+def run_bench(workload_path: str, device: torch.device, output: str, plot: str | None) -> list[BenchRow]:
+    """Bench every problem of a workload; writes JSON (and a PNG when matplotlib is installed)."""
+    workload = load(workload_path)
+    identity = device_identity(device)
+    rows = [bench_case(case, device) for case in unique_cases(workload.cases(identity))]
+    document = {
+        "workload": workload.name,
+        "device": identity._asdict(),
+        "torch": torch.__version__,
+        "rows": [{**asdict(r), "speedup": r.speedup} for r in rows],
+    }
+    with open(output, "w", encoding="utf-8") as fh:
+        json.dump(document, fh, indent=2)
+    if plot:
+        _plot(rows, plot, workload.name, identity.name)
+    return rows
+
+
+def _plot(rows: list[BenchRow], path: str, workload: str, device: str) -> None:
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        log.warning("matplotlib is not installed: no plot written")
+        return
+    labels = [r.label for r in rows]
+    series = [("default", [r.default_ms for r in rows]), ("tuned", [r.tuned_ms for r in rows]),
+              ("dense SDPA", [r.sdpa_ms for r in rows]), ("lower bound", [r.lower_bound_ms for r in rows])]
+    fig, ax = plt.subplots(figsize=(max(8, len(rows) * 1.1), 5))
+    width = 0.2
+    for i, (name, values) in enumerate(series):
+        ax.bar([j + (i - 1.5) * width for j in range(len(rows))], [v if v == v else 0 for v in values], width, label=name)
+    ax.set_yscale("log")
+    ax.set_ylabel("milliseconds per call (log)")
+    ax.set_xticks(range(len(rows)))
+    ax.set_xticklabels(labels, rotation=35, ha="right", fontsize=8)
+    ax.set_title(f"{workload} on {device}")
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+
+
+def verify(workload_path: str, device: torch.device, threshold: float) -> list[tuple[str, float, float, str]]:
+    """Re-measure each problem's cached winner against the default; rows of (label, default, tuned, verdict)."""
+    workload = load(workload_path)
+    rows = []
+    for case in unique_cases(workload.cases(device_identity(device))):
+        explanation = dispatch.explain(case.problem)
+        choice = explanation.choice
+        if choice is None or choice.source == dispatch.HEURISTIC:
+            rows.append((case.label, math.nan, math.nan, "no tuned entry"))
+            continue
+        bench = ProblemBench(case, device, seed=0)
+        try:
+            bench.check(choice.variant, choice.config)
+        except CandidateFailed as err:
+            rows.append((case.label, math.nan, math.nan, f"FAIL: {err}"))
+            continue
+        default_ms = bench.time_ms(bench.default_variant, bench.default_config)
+        tuned_ms = bench.time_ms(choice.variant, choice.config)
+        slower = tuned_ms > default_ms * (1.0 + threshold)
+        rows.append((case.label, default_ms, tuned_ms, "FAIL: slower than the default" if slower else "ok"))
+    return rows

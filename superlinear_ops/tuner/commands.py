@@ -1,0 +1,110 @@
+"""The ``tune``, ``verify`` and ``bench`` commands."""
+
+from __future__ import annotations
+
+import argparse
+import math
+
+from .search import SAMPLERS, SearchSettings
+
+
+def _device(args: argparse.Namespace):
+    from ..cli import select_device
+
+    return select_device(args.device)
+
+
+def tune_command(args: argparse.Namespace) -> int:
+    """Run the tuner over a workload and print one row per problem."""
+    device = _device(args)
+    settings = SearchSettings(trials=args.trials, timeout_s=args.timeout, sampler=args.sampler, seed=args.seed)
+    if args.worker_only:
+        from .tune import work
+
+        work(args.workload, settings=settings, storage=args.storage, device=device)
+        return 0
+    from .tune import tune
+
+    results = tune(args.workload, settings=settings, storage=args.storage, cache=args.cache, device=device,
+                   workers=args.workers, progress=not args.no_progress)
+    print(f"{'problem':<38}{'default ms':>12}{'best ms':>12}{'speedup':>9}  {'variant':<16}{'bk/warps/stages':>16}{'trials':>8}{'failed':>7}{'pruned':>7}")
+    for r in results:
+        print(f"{r.label:<38}{r.default_ms:>12.4f}{r.best_ms:>12.4f}{r.speedup:>8.2f}x  {r.variant:<16}{r.config:>16}{r.trials:>8}{r.failed:>7}{r.pruned:>7}")
+    return 0
+
+
+def verify_command(args: argparse.Namespace) -> int:
+    """Re-measure cached winners; exit 1 when one is slower than the default beyond the threshold."""
+    from .. import use_cache
+    from .bench import verify
+
+    if args.cache:
+        use_cache(args.cache)
+    rows = verify(args.workload, _device(args), args.threshold)
+    print(f"{'problem':<38}{'default ms':>12}{'tuned ms':>12}  verdict")
+    for label, default_ms, tuned_ms, verdict in rows:
+        print(f"{label:<38}{default_ms:>12.4f}{tuned_ms:>12.4f}  {verdict}")
+    failed = any(v.startswith("FAIL") for *_, v in rows) or (args.require_all and any(v == "no tuned entry" for *_, v in rows))
+    return 1 if failed else 0
+
+
+def bench_command(args: argparse.Namespace) -> int:
+    """Bench a workload: default, tuned, dense SDPA and the lower bound per problem."""
+    from .. import use_cache
+    from .bench import run_bench
+
+    if args.cache:
+        use_cache(args.cache)
+    rows = run_bench(args.workload, _device(args), args.output, args.plot)
+    print(f"{'problem':<38}{'default':>10}{'tuned':>10}{'speedup':>9}{'SDPA':>10}{'bound':>10}  tuned choice (source)")
+    for r in rows:
+        bound = "-" if math.isnan(r.lower_bound_ms) else f"{r.lower_bound_ms:.4f}"
+        print(f"{r.label:<38}{r.default_ms:>10.4f}{r.tuned_ms:>10.4f}{r.speedup:>8.2f}x{r.sdpa_ms:>10.4f}{bound:>10}  {r.tuned_choice} ({r.tuned_source})")
+    print(f"wrote {args.output}" + (f" and {args.plot}" if args.plot else ""))
+    return 0
+
+
+def add_commands(commands) -> None:
+    """Register ``tune``, ``verify`` and ``bench`` on the CLI's subparsers."""
+    device_help = "cuda or cpu (default: cuda when available; cpu runs Triton's interpreter)"
+    tune = commands.add_parser(
+        "tune", help="search the best variant and configuration for every problem of a workload",
+        description="Tune a workload file (see tuning/). Each problem gets an Optuna study named by its key; "
+        "every candidate is checked against the reference before its time counts; winners go to the cache.",
+    )
+    tune.add_argument("workload", help="workload YAML file, e.g. tuning/quick.yaml")
+    tune.add_argument("--trials", type=int, default=24, help="finished trials per problem (default 24; 0: until exhausted)")
+    tune.add_argument("--timeout", type=float, default=None, help="seconds per problem (default: none)")
+    tune.add_argument("--sampler", choices=SAMPLERS, default="tpe", help="default: tpe")
+    tune.add_argument("--seed", type=int, default=0, help="sampler and input seed (default 0)")
+    tune.add_argument("--storage", default=None, help="Optuna storage: URL, SQLite file or .log journal (default: user cache)")
+    tune.add_argument("--cache", default=None, help="where winners go: SQLite file or URL (default: the user's store)")
+    tune.add_argument("--device", choices=("cuda", "cpu"), default=None, help=device_help)
+    tune.add_argument("--workers", type=int, default=1, help="local worker processes, one per visible GPU (default 1)")
+    tune.add_argument("--no-progress", action="store_true", help="no progress bar")
+    tune.add_argument("--worker-only", action="store_true", help=argparse.SUPPRESS)
+    tune.set_defaults(handler=tune_command, normalise_trials=True)
+
+    verify = commands.add_parser(
+        "verify", help="re-measure cached winners against the default; fail when one is slower",
+        description="For every problem of a workload, check and time the dispatcher's cached choice beside "
+        "the heuristic default; exit 1 when a winner is slower than the default by more than --threshold.",
+    )
+    verify.add_argument("workload", help="workload YAML file")
+    verify.add_argument("--cache", default=None, help="explicit cache to verify (SQLite, YAML or URL)")
+    verify.add_argument("--threshold", type=float, default=0.05, help="allowed slowdown (default 0.05 = 5%%)")
+    verify.add_argument("--require-all", action="store_true", help="also fail when a problem has no tuned entry")
+    verify.add_argument("--device", choices=("cuda", "cpu"), default=None, help=device_help)
+    verify.set_defaults(handler=verify_command)
+
+    bench = commands.add_parser(
+        "bench", help="time default, tuned, dense SDPA and the lower bound per problem",
+        description="Side by side in one run, per problem of a workload: the heuristic default, the tuned choice, "
+        "dense scaled_dot_product_attention and the lower bound (bytes over bandwidth, FLOPs over the tensor rate).",
+    )
+    bench.add_argument("workload", help="workload YAML file")
+    bench.add_argument("--cache", default=None, help="explicit cache (SQLite, YAML or URL)")
+    bench.add_argument("--output", "-o", default="bench.json", help="JSON file to write (default bench.json)")
+    bench.add_argument("--plot", default=None, help="PNG file to write (needs matplotlib)")
+    bench.add_argument("--device", choices=("cuda", "cpu"), default=None, help=device_help)
+    bench.set_defaults(handler=bench_command)

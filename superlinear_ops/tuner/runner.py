@@ -1,0 +1,219 @@
+"""Running one candidate (variant + configuration) on one problem: inputs, correctness, timing.
+
+Every candidate is checked before its time counts:
+1. against the float64 PyTorch reference on check-size inputs (the problem's own head layout,
+   dtype, span slots, mask and window, with Lq and Lkv capped so the dense reference fits);
+2. on the real-size inputs for NaN and against the first candidate that passed step 1 (the
+   heuristic default, which every search measures first).
+Timing: GPU medians from ``triton.testing.do_bench`` (which flushes L2 between repetitions), decode
+timed by replaying a CUDA graph; under the CPU interpreter, the median of a few wall-clock runs.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from dataclasses import dataclass, replace
+
+import torch
+
+from ..decode import DecodeSettings
+from ..kernels.launch import KernelConfig, LaunchGeometry
+from ..problem import SPAN_BACKWARD, STAGED_DECODE, Problem
+from ..registry import REGISTRY, Variant
+from .workload import Case
+
+CHECK_QUERIES = 64
+CHECK_KEYS = 16384
+TOLERANCE = {"float32": 1e-4, "float16": 1e-2, "bfloat16": 4e-2}  # max |error| / max(1, max |expected|)
+
+
+class CandidateFailed(Exception):
+    """A candidate could not run, or computed wrong numbers; the message says which and why."""
+
+
+@dataclass
+class Inputs:
+    """Tensors for one problem (decode uses q1/q2 and ignores the span tensors)."""
+
+    q: torch.Tensor
+    k: torch.Tensor
+    v: torch.Tensor
+    qstart: torch.Tensor
+    qend: torch.Tensor
+    cache_position: torch.Tensor
+    mask: torch.Tensor | None
+    q1: torch.Tensor
+    grad_out: torch.Tensor | None = None
+
+    def cast(self, dtype: torch.dtype) -> "Inputs":
+        """The same inputs with the floating tensors in ``dtype``."""
+        f = lambda t: None if t is None else t.to(dtype)  # noqa: E731
+        return replace(self, q=f(self.q), k=f(self.k), v=f(self.v), q1=f(self.q1), grad_out=f(self.grad_out))
+
+
+def _spans(problem: Problem, factors, cache_position: torch.Tensor, gen: torch.Generator, device):
+    """Spans as the search would produce them: anchors before each window, bf/ff-sized spans."""
+    backward_factor, forward_factor, span_power = factors
+    window = problem.window
+    shape = (problem.batch, problem.q_heads, problem.queries, problem.spans)
+    pos = cache_position.view(1, 1, -1, 1).to(device)
+    limit = (pos - window + 1).clamp(min=0) if window > 0 else pos + 1
+    anchor = (torch.rand(shape, generator=gen, device=device) * limit).floor().long()
+    t = (pos + 1).double()
+    back = torch.ceil(backward_factor * t.pow(span_power)).long()
+    forward = torch.ceil(forward_factor * t.pow(span_power)).long()
+    qstart = (anchor - back).clamp(min=0)
+    qend = torch.minimum(anchor + forward, limit - 1)
+    unused = (limit <= 0).expand(shape)
+    return torch.where(unused, -1, qstart), torch.where(unused, -1, qend)
+
+
+def make_inputs(case: Case, device: torch.device, seed: int, queries: int | None = None,
+                keys: int | None = None) -> Inputs:
+    """Random inputs of the case's shape (``queries``/``keys`` override Lq/Lkv for check sizes)."""
+    problem, fill = case.problem, case.cache_fill
+    gen = torch.Generator(device=device).manual_seed(seed)
+    lq = queries or problem.queries
+    lkv = keys or problem.keys
+    dtype = problem.torch_dtype
+    b, hq, hkv, d = problem.batch, problem.q_heads, problem.kv_heads, problem.head_dim
+    randn = lambda *shape: torch.randn(*shape, generator=gen, device=device).to(dtype)  # noqa: E731
+    q, q1 = randn(b, hq, lq, d), randn(b, hq, lq, d)
+    k, v = randn(b, hkv, lkv, d), randn(b, hkv, lkv, d)
+    mask = None
+    if problem.op == STAGED_DECODE:
+        filled = min(fill or lkv, lkv)
+        cache_position = torch.tensor([filled - 1], device=device)
+        if problem.masked:
+            mask = torch.zeros(b, lkv, dtype=torch.bool, device=device)
+            mask[:, :filled] = True
+    else:
+        cache_position = torch.arange(lkv - lq, lkv, device=device)
+        if problem.masked:
+            mask = torch.rand(b, lkv, generator=gen, device=device) > 0.05
+    qstart, qend = _spans(problem._replace(queries=lq, keys=lkv), case.span_factors, cache_position, gen, device)
+    grad = randn(b, hq, lq, problem.spans, d) if problem.op == SPAN_BACKWARD else None
+    return Inputs(q, k, v, qstart, qend, cache_position, mask, q1, grad)
+
+
+def _settings(problem: Problem) -> DecodeSettings:
+    bf, ff, sp = problem.factors
+    return DecodeSettings(problem.sw_index, problem.spans, bf, ff, sp, problem.params)
+
+
+def run(variant: Variant, config: KernelConfig, problem: Problem, x: Inputs) -> tuple[torch.Tensor, ...]:
+    """Run a candidate once; returns its outputs (out; or dQ, dK, dV)."""
+    if problem.op == STAGED_DECODE:
+        return (variant.launch(x.q1, x.q, x.k, x.v, x.cache_position, x.mask, _settings(problem), config),)
+    geo = LaunchGeometry.prepare(x.q, x.k, x.v, x.qstart, x.qend, x.cache_position, x.mask, problem.window)
+    if problem.op == SPAN_BACKWARD:
+        forward = REGISTRY.variants("span_forward")
+        fwd = next(v for v in forward if not v.not_supported_reasons(problem._replace(op="span_forward")))
+        out, lse = fwd.launch(geo, fwd.default(problem))
+        return tuple(variant.launch(geo, config, out, lse, x.grad_out))
+    out, _ = variant.launch(geo, config)
+    return (out,)
+
+
+def relative_error(got: tuple[torch.Tensor, ...], expected: tuple[torch.Tensor, ...]) -> float:
+    """Largest max|got - expected| / max(1, max|expected|) over the outputs; inf on NaN."""
+    worst = 0.0
+    for a, b in zip(got, expected):
+        if torch.isnan(a).any():
+            return float("inf")
+        scale = max(1.0, b.abs().max().item()) if b.numel() else 1.0
+        worst = max(worst, (a.double() - b.double()).abs().max().item() / scale if a.numel() else 0.0)
+    return worst
+
+
+def reference_outputs(problem: Problem, x: Inputs) -> tuple[torch.Tensor, ...]:
+    """The float64 reference outputs for ``x``."""
+    reference = REGISTRY.variants(problem.op)[-1]
+    return run(reference, KernelConfig(), problem._replace(dtype="float64"), x.cast(torch.float64))
+
+
+def tolerance(problem: Problem) -> float:
+    """Accepted relative error for the problem's dtype (gradients sum more terms: 4x)."""
+    return TOLERANCE[problem.dtype] * (4.0 if problem.op == SPAN_BACKWARD else 1.0)
+
+
+def _guard(fn, what: str):
+    try:
+        return fn()
+    except CandidateFailed:
+        raise
+    except Exception as err:  # compile errors, launch failures, out of memory: the candidate fails
+        raise CandidateFailed(f"{what}: {err.__class__.__name__}: {str(err)[:300]}") from err
+
+
+class ProblemBench:
+    """Everything needed to check and time candidates of one problem on one device."""
+
+    def __init__(self, case: Case, device: torch.device, seed: int) -> None:
+        self.case = case
+        self.problem = case.problem
+        self.device = device
+        self.inputs = make_inputs(case, device, seed)
+        small = dict(queries=min(self.problem.queries, CHECK_QUERIES), keys=min(self.problem.keys, CHECK_KEYS))
+        if self.problem.op == STAGED_DECODE:
+            small["queries"] = 1
+        if small["keys"] < self.problem.keys and self.problem.op != STAGED_DECODE:
+            small["keys"] = max(small["keys"], small["queries"])
+        check_case = replace(case, cache_fill=min(case.cache_fill or small["keys"], small["keys"]))
+        self.check_inputs = make_inputs(check_case, device, seed + 1, **small)
+        self.check_problem = self.problem._replace(queries=small["queries"], keys=small["keys"])
+        self.check_expected = reference_outputs(self.check_problem, self.check_inputs)
+        self.default_variant = next(v for v in REGISTRY.variants(self.problem.op) if not v.not_supported_reasons(self.problem))
+        self.default_config = self.default_variant.default(self.problem)
+        self._baseline: tuple[torch.Tensor, ...] | None = None
+
+    def check(self, variant: Variant, config: KernelConfig) -> float:
+        """The candidate's error against the reference; raises CandidateFailed when it is wrong."""
+        got = _guard(lambda: run(variant, config, self.check_problem, self.check_inputs), "check-size run failed")
+        error = relative_error(got, self.check_expected)
+        if not error <= tolerance(self.problem):
+            raise CandidateFailed(f"wrong result: relative error {error:.3g} > {tolerance(self.problem):.3g} against the float64 reference")
+        if self.problem.keys > self.check_problem.keys or self.problem.queries > self.check_problem.queries:
+            full = _guard(lambda: run(variant, config, self.problem, self.inputs), "real-size run failed")
+            if any(torch.isnan(t).any() for t in full):
+                raise CandidateFailed("NaN in the real-size result")
+            if self._baseline is None:  # the first candidate that passed the reference check (the default)
+                self._baseline = full
+            full_error = relative_error(full, self._baseline)
+            if not full_error <= 2 * tolerance(self.problem):
+                raise CandidateFailed(f"wrong result at real size: relative error {full_error:.3g} against the first checked candidate")
+        return error
+
+    def time_ms(self, variant: Variant, config: KernelConfig) -> float:
+        """Median time of one call, in milliseconds."""
+        call = lambda: run(variant, config, self.problem, self.inputs)  # noqa: E731
+        return _guard(lambda: measure(call, self.device, graph=self.problem.op == STAGED_DECODE), "timing failed")
+
+
+def measure(call, device: torch.device, graph: bool = False, cpu_runs: int = 3) -> float:
+    """Median milliseconds of ``call``: do_bench (L2 flushed), a replayed CUDA graph if ``graph``."""
+    if device.type != "cuda":
+        call()
+        times = []
+        for _ in range(cpu_runs):
+            start = time.perf_counter()
+            call()
+            times.append((time.perf_counter() - start) * 1e3)
+        return statistics.median(times)
+    from triton.testing import do_bench
+
+    if not graph:
+        return do_bench(call, return_mode="median")
+    stream = torch.cuda.Stream(device)
+    stream.wait_stream(torch.cuda.current_stream(device))
+    with torch.cuda.stream(stream):
+        for _ in range(2):
+            call()
+    torch.cuda.current_stream(device).wait_stream(stream)
+    cuda_graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(cuda_graph):
+        call()
+    return do_bench(cuda_graph.replay, return_mode="median")
+
+

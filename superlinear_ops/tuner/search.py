@@ -1,0 +1,158 @@
+"""The Optuna search for one problem: a conditional space (variant, then its parameters) taken from
+the registry, uncompilable configurations pruned before launch, every candidate checked, the
+heuristic default always measured, no configuration benchmarked twice, resumable studies."""
+
+from __future__ import annotations
+
+import logging
+import time
+import warnings
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import optuna
+from optuna.trial import TrialState
+from sqlalchemy.exc import IntegrityError, OperationalError
+
+from ..buckets import ProblemKey
+from ..kernels.launch import KernelConfig
+from ..problem import Problem
+from ..registry import REGISTRY, Variant
+from .runner import CandidateFailed, ProblemBench
+
+log = logging.getLogger(__name__)
+SAMPLERS = ("tpe", "random", "exhaustive")
+FINISHED = (TrialState.COMPLETE, TrialState.PRUNED, TrialState.FAIL)
+
+
+@dataclass(frozen=True)
+class SearchSettings:
+    """How hard to search one problem."""
+
+    trials: int | None = 24  # total finished trials per problem (None: until the space is exhausted)
+    timeout_s: float | None = None
+    sampler: str = "tpe"
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        if self.sampler not in SAMPLERS:
+            raise ValueError(f"sampler must be one of {SAMPLERS}, got {self.sampler!r}")
+        if self.trials is not None and self.trials < 1:
+            raise ValueError(f"trials must be >= 1, got {self.trials}")
+
+
+def tunable_variants(problem: Problem) -> list[Variant]:
+    """The variants that apply to ``problem`` and have something to tune."""
+    return [v for v in REGISTRY.variants(problem.op) if v.space and not v.not_supported_reasons(problem)]
+
+
+def params_of(variant: Variant, config: KernelConfig) -> dict:
+    """The trial parameters that select ``variant`` with ``config``."""
+    return {"variant": variant.name, **{f"{variant.name}.{p.name}": getattr(config, p.name) for p in variant.space}}
+
+
+def candidate_of(params: dict) -> tuple[str, KernelConfig]:
+    """Inverse of ``params_of``: (variant name, configuration)."""
+    name = params["variant"]
+    values = {k.split(".", 1)[1]: v for k, v in params.items() if k.startswith(f"{name}.")}
+    return name, KernelConfig(**values)
+
+
+def space_size(variants: list[Variant]) -> int:
+    """How many (variant, configuration) candidates the space holds."""
+    return sum(len(list(v.configs())) for v in variants)
+
+
+def make_sampler(settings: SearchSettings) -> optuna.samplers.BaseSampler:
+    """The sampler named in ``settings``, seeded."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+        if settings.sampler == "tpe":
+            return optuna.samplers.TPESampler(seed=settings.seed, multivariate=True, group=True, constant_liar=True)
+        if settings.sampler == "random":
+            return optuna.samplers.RandomSampler(seed=settings.seed)
+        return optuna.samplers.BruteForceSampler(seed=settings.seed)
+
+
+def study_name(key: ProblemKey, settings: SearchSettings) -> str:
+    """One study per key (and sampler, so exhaustive and TPE sweeps of a key stay apart)."""
+    return f"{key.text()}#{settings.sampler}"
+
+
+def open_study(storage, key: ProblemKey, settings: SearchSettings, retries: int = 8) -> optuna.Study:
+    """Create or load the key's study; tolerant of fresh workers racing to create it."""
+    name = study_name(key, settings)
+    for attempt in range(retries):
+        try:
+            return optuna.create_study(
+                study_name=name, storage=storage, sampler=make_sampler(settings), direction="minimize",
+                load_if_exists=True,
+            )
+        except (optuna.exceptions.DuplicatedStudyError, IntegrityError, OperationalError) as err:  # creation race
+            if attempt == retries - 1:
+                raise
+            log.debug("study %s: creation raced (%s); retrying", name, err)
+            time.sleep(0.2 * (attempt + 1))
+    raise AssertionError("unreachable")
+
+
+def finished_trials(study: optuna.Study) -> list[optuna.trial.FrozenTrial]:
+    """Trials that ended (complete, pruned or failed)."""
+    return study.get_trials(deepcopy=False, states=FINISHED)
+
+
+def _same_params(study: optuna.Study, params: dict, number: int) -> optuna.trial.FrozenTrial | None:
+    for trial in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE, TrialState.FAIL, TrialState.PRUNED)):
+        if trial.number != number and trial.params == params and "duplicate_of" not in trial.user_attrs:
+            return trial
+    return None
+
+
+def run_search(
+    study: optuna.Study,
+    bench: ProblemBench,
+    settings: SearchSettings,
+    on_trial: Callable[[optuna.trial.FrozenTrial], None] | None = None,
+) -> None:
+    """Run (or resume) the search of one problem until it has ``settings.trials`` finished trials."""
+    problem = bench.problem
+    variants = {v.name: v for v in tunable_variants(problem)}
+    if not variants:
+        return
+    study.enqueue_trial(params_of(bench.default_variant, bench.default_config), skip_if_exists=True)
+
+    def objective(trial: optuna.Trial) -> float:
+        name = trial.suggest_categorical("variant", list(variants))
+        variant = variants[name]
+        config = KernelConfig(**{p.name: trial.suggest_categorical(f"{name}.{p.name}", list(p.values)) for p in variant.space})
+        reason = variant.compile_check(problem, config)
+        if reason is not None:
+            trial.set_user_attr("pruned", reason)
+            raise optuna.TrialPruned(reason)
+        earlier = _same_params(study, trial.params, trial.number)
+        if earlier is not None:
+            trial.set_user_attr("duplicate_of", earlier.number)
+            if earlier.state == TrialState.COMPLETE:
+                return earlier.value
+            raise optuna.TrialPruned(f"same configuration as trial {earlier.number}")
+        try:
+            error = bench.check(variant, config)
+            milliseconds = bench.time_ms(variant, config)
+        except CandidateFailed as err:
+            trial.set_user_attr("failure", str(err))
+            raise
+        trial.set_user_attr("max_error", error)
+        return milliseconds
+
+    callbacks = []
+    if settings.trials is not None:
+        callbacks.append(optuna.study.MaxTrialsCallback(settings.trials, states=FINISHED))
+        remaining = settings.trials - len(finished_trials(study))
+        if remaining <= 0:
+            return
+    else:
+        remaining = None
+    if on_trial is not None:
+        callbacks.append(lambda _study, trial: on_trial(trial))
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    study.optimize(objective, n_trials=remaining, timeout=settings.timeout_s, catch=(CandidateFailed,), callbacks=callbacks)
