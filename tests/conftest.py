@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import uuid
 
 os.environ["TRITON_INTERPRET"] = "1"
 
@@ -48,6 +49,26 @@ def random_spans(
     start = torch.where(unused, torch.full_like(start, -1), start)
     end = torch.where(unused, torch.full_like(end, -1), end)
     return start, end
+
+
+@pytest.fixture
+def postgres_url():
+    """A fresh database on the PostgreSQL server that .ci/run starts (skipped when there is none)."""
+    admin_url = os.environ.get("SUPERLINEAR_OPS_TEST_POSTGRES_URL")
+    if not admin_url:
+        if os.environ.get("SUPERLINEAR_OPS_REQUIRE_POSTGRES") == "1":
+            pytest.fail("SUPERLINEAR_OPS_REQUIRE_POSTGRES=1 but SUPERLINEAR_OPS_TEST_POSTGRES_URL is not set")
+        pytest.skip("no PostgreSQL server (source ci/postgres.sh && postgres_start, as .ci/run does)")
+    from sqlalchemy import create_engine, text
+
+    name = f"slops_{uuid.uuid4().hex[:12]}"
+    admin = create_engine(admin_url, isolation_level="AUTOCOMMIT")
+    with admin.connect() as conn:
+        conn.execute(text(f"CREATE DATABASE {name}"))
+    yield admin_url.rsplit("/", 1)[0] + f"/{name}"
+    with admin.connect() as conn:
+        conn.execute(text(f"DROP DATABASE {name} WITH (FORCE)"))
+    admin.dispose()
 
 
 @pytest.fixture

@@ -17,7 +17,6 @@ from sqlalchemy import create_engine
 from superlinear_ops.cache.store import Store, metadata
 
 WORKERS, PER_WORKER = 8, 200
-POSTGRES_URL = os.environ.get("SUPERLINEAR_OPS_TEST_POSTGRES_URL")
 
 
 def hammer(url: str) -> None:
@@ -36,18 +35,6 @@ def test_eight_processes_write_into_one_sqlite_store(tmp_path) -> None:
     hammer(f"sqlite:///{tmp_path / 'shared.sqlite'}")
 
 
-@pytest.fixture
-def postgres_url() -> str:
-    if not POSTGRES_URL:
-        if os.environ.get("SUPERLINEAR_OPS_REQUIRE_POSTGRES") == "1":
-            pytest.fail("SUPERLINEAR_OPS_REQUIRE_POSTGRES=1 but SUPERLINEAR_OPS_TEST_POSTGRES_URL is not set")
-        pytest.skip("no PostgreSQL server (set SUPERLINEAR_OPS_TEST_POSTGRES_URL; .ci/run starts one)")
-    engine = create_engine(POSTGRES_URL)
-    metadata.drop_all(engine)
-    engine.dispose()
-    return POSTGRES_URL
-
-
 def test_postgresql_store_semantics_and_eight_writers(postgres_url: str) -> None:
     with Store.writer(postgres_url) as store:
         original = [make_entry(i) for i in range(5)]
@@ -59,7 +46,7 @@ def test_postgresql_store_semantics_and_eight_writers(postgres_url: str) -> None
         assert store.get(make_key(0).text()).median_ms == 9.0
         assert store.delete([make_key(1).text()]) == 1
     engine = create_engine(postgres_url)
-    metadata.drop_all(engine)
+    metadata.drop_all(engine)  # the schema again from scratch, for the eight writers
     engine.dispose()
     hammer(postgres_url)
 

@@ -33,7 +33,7 @@ class TunedEntry:
     variant: str
     config: KernelConfig
     median_ms: float  # the winner's median time
-    default_ms: float  # the heuristic default's median time on the same inputs
+    default_ms: float  # the heuristic default's median time on the same inputs (inf: it failed)
     max_error: float  # the winner's max |error| against the reference
     sampler: str
     trials: int

@@ -98,7 +98,7 @@ def summarise(case: Case, study: optuna.Study) -> tuple[Result, TunedEntry | Non
         return Result(case.label, key.text(), float("nan"), float("nan"), "-", "-", len(trials), failed, pruned), None, None
     best = min(complete, key=lambda t: t.value)
     name, config = candidate_of(best.params)
-    default_ms = default.value if default is not None else float("nan")
+    default_ms = default.value if default is not None else float("inf")  # the default failed or never ran
     result = Result(case.label, key.text(), default_ms, best.value, name, f"{config.block_k}/{config.num_warps}/{config.num_stages}",
                     len(trials), failed, pruned)
     return result, (name, config, default_ms, best), best

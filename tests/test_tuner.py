@@ -1,0 +1,204 @@
+"""The tuner on the CPU interpreter: end to end, a planted broken variant, resume after kill -9,
+two workers on one PostgreSQL study, workload errors, verify and bench."""
+
+from __future__ import annotations
+
+import json
+import os
+import pathlib
+import signal
+import subprocess
+import sys
+import time
+
+import optuna
+import pytest
+import torch
+from optuna.trial import TrialState
+
+import superlinear_ops
+from cache_helpers import make_entry
+from superlinear_ops import dispatch
+from superlinear_ops.buckets import key_of
+from superlinear_ops.cache.store import Store
+from superlinear_ops.cli import main
+from superlinear_ops.kernels.launch import KernelConfig
+from superlinear_ops.problem import STAGED_DECODE, device_identity
+from superlinear_ops.registry import REGISTRY, Param, Variant
+from superlinear_ops.tuner.search import SearchSettings, study_name
+from superlinear_ops.tuner.tune import open_storage, tune, unique_cases
+from superlinear_ops.tuner.workload import WorkloadError, load
+from superlinear_ops.variants import no_check, staged_decode_with, triton_forward, triton_reasons
+
+ROOT = pathlib.Path(__file__).resolve().parent.parent
+QUICK = ROOT / "tuning" / "quick.yaml"
+CPU = torch.device("cpu")
+
+DECODE_ONLY = """\
+name: decode-only
+model: {batch: 1, q_heads: 2, kv_heads: 1, head_dim: 16, dtype: float32}
+span: {sw_index: 3, inv_search_power_int: 2, span_power: 0.5, backward_factor: 2.0, forward_factor: 1.0, topk: 2}
+problems:
+  - decode: {context: 64}
+"""
+
+
+@pytest.fixture
+def decode_workload(tmp_path) -> pathlib.Path:
+    path = tmp_path / "decode.yaml"
+    path.write_text(DECODE_ONLY)
+    return path
+
+
+@pytest.fixture
+def restore_cache():
+    yield
+    superlinear_ops.use_cache()
+
+
+def test_tune_quick_workload_end_to_end(tmp_path, restore_cache) -> None:
+    cache = tmp_path / "cache.sqlite"
+    results = tune(str(QUICK), settings=SearchSettings(trials=3, seed=1), storage=str(tmp_path / "studies.sqlite"),
+                   cache=str(cache), device=CPU, progress=False)
+    cases = unique_cases(load(QUICK).cases(device_identity(CPU)))
+    assert [r.label for r in results] == [c.label for c in cases]
+    assert all(r.trials == 3 and r.best_ms > 0 and r.default_ms >= r.best_ms for r in results)
+    with Store.reader(cache) as store:
+        entries = {e.key: e for e in store.entries()}
+    assert set(entries) == {key_of(c.problem) for c in cases}
+    for entry in entries.values():
+        assert entry.provenance.interpreter and entry.key.arch == "interpreter"
+        assert 0 <= entry.max_error < 1e-3 and entry.sampler == "tpe" and entry.trials == 3
+    superlinear_ops.use_cache(cache)
+    for case in cases:
+        choice = dispatch.select(case.problem)
+        assert choice.source == "explicit"
+        assert (choice.variant.name, choice.config) == (entries[key_of(case.problem)].variant, entries[key_of(case.problem)].config)
+
+
+def _wrong_decode(*args, config):
+    return staged_decode_with(triton_forward)(*args, config) * 1.5 + 0.25
+
+
+def test_planted_broken_variant_is_never_chosen(tmp_path, decode_workload) -> None:
+    planted = Variant(
+        op=STAGED_DECODE, name="planted_broken", launch=lambda *a: _wrong_decode(*a[:-1], config=a[-1]),
+        space=(Param("block_k", (16, 32)),), reasons=triton_reasons, compile_check=no_check,
+        default=lambda problem: KernelConfig(block_k=16), priority=-1, source_files=("decode.py",),
+    )
+    REGISTRY.register(planted)
+    try:
+        storage = str(tmp_path / "studies.sqlite")
+        settings = SearchSettings(trials=8, seed=3)
+        results = tune(str(decode_workload), settings=settings, storage=storage, cache=str(tmp_path / "c.sqlite"),
+                       device=CPU, progress=False)
+        assert results[0].variant == "staged"
+        case = load(decode_workload).cases(device_identity(CPU))[0]
+        study = optuna.load_study(study_name=study_name(key_of(case.problem), settings), storage=open_storage(storage))
+        broken = [t for t in study.trials if t.params.get("variant") == "planted_broken" and "duplicate_of" not in t.user_attrs]
+        assert broken, "the planted variant was never tried (it is the default: it must be)"
+        for trial in broken:
+            assert trial.state == TrialState.FAIL
+            assert "wrong result" in trial.user_attrs["failure"]
+    finally:
+        REGISTRY.unregister(STAGED_DECODE, "planted_broken")
+        dispatch.DISPATCHER.clear()
+
+
+def _finished(location: str) -> int:
+    storage = open_storage(location)
+    summaries = optuna.get_all_study_summaries(storage)
+    if not summaries:
+        return 0
+    study = optuna.load_study(study_name=summaries[0].study_name, storage=storage)
+    return len(study.get_trials(states=(TrialState.COMPLETE, TrialState.FAIL, TrialState.PRUNED)))
+
+
+def test_resume_after_kill_9(tmp_path, decode_workload) -> None:
+    storage, cache = str(tmp_path / "studies.sqlite"), str(tmp_path / "c.sqlite")
+    command = [sys.executable, "-m", "superlinear_ops.cli", "tune", str(decode_workload), "--trials", "6",
+               "--storage", storage, "--cache", cache, "--device", "cpu", "--no-progress"]
+    env = {**os.environ, "TRITON_INTERPRET": "1"}
+    proc = subprocess.Popen(command, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    deadline = time.time() + 240
+    while time.time() < deadline and (not os.path.exists(storage) or _finished(storage) < 2):
+        time.sleep(0.5)
+    os.kill(proc.pid, signal.SIGKILL)
+    proc.wait()
+    done_before = _finished(storage)
+    assert 2 <= done_before < 6
+    assert not os.path.exists(cache) or not Store.reader(cache).entries()
+    rerun = subprocess.run(command, env=env, capture_output=True, text=True, timeout=600)
+    assert rerun.returncode == 0, rerun.stderr[-2000:]
+    assert _finished(storage) == 6  # resumed: only the missing trials ran
+    assert len(Store.reader(cache).entries()) == 1
+
+
+def test_two_workers_share_one_postgresql_study(decode_workload, postgres_url) -> None:
+    settings = SearchSettings(trials=6, seed=5)
+    results = tune(str(decode_workload), settings=settings, storage=postgres_url, cache=postgres_url, device=CPU,
+                   workers=2, progress=False)
+    assert len(results) == 1 and results[0].variant != "-"
+    summaries = optuna.get_all_study_summaries(open_storage(postgres_url))
+    assert len(summaries) == 1  # every problem tuned once, in one shared study
+    study = optuna.load_study(study_name=summaries[0].study_name, storage=postgres_url)
+    finished = study.get_trials(states=(TrialState.COMPLETE, TrialState.FAIL, TrialState.PRUNED))
+    assert 6 <= len(finished) <= 7  # two workers may each finish the last trial once
+    assert not [t for t in finished if t.state == TrialState.FAIL]
+    with Store.reader(postgres_url) as store:
+        assert len(store.entries()) == 1
+
+
+@pytest.mark.parametrize(
+    "text,words",
+    [
+        ("name: x\nmodel: {batch: 1, q_heads: 3, kv_heads: 2, head_dim: 16, dtype: float32}\n", ":2: 'q_heads' must be a multiple"),
+        (DECODE_ONLY.replace("dtype: float32", "dtype: int8"), ":2: 'dtype' must be one of"),
+        (DECODE_ONLY.replace("topk: 2", "topk: 0"), ":3: 'topk' must be an integer >= 1"),
+        (DECODE_ONLY.replace("decode: {context: 64}", "decode: {context: 64, chunk: 3}"), ":5: decode: unknown field"),
+        (DECODE_ONLY.replace("decode: {context: 64}", "warmup: {context: 64}"), ":5: each problem must be one of"),
+        (DECODE_ONLY.replace("inv_search_power_int: 2", "inv_search_power_int: 9"), ":3: inv_search_power_int must be one of"),
+        ("name: x\n", ":1: missing mapping 'model'"),
+        ("[1, 2", "not valid YAML"),
+    ],
+)
+def test_bad_workload_files_name_the_field_and_line(tmp_path, text, words) -> None:
+    path = tmp_path / "bad.yaml"
+    path.write_text(text)
+    with pytest.raises(WorkloadError) as err:
+        load(path)
+    assert words in str(err.value) and str(path) in str(err.value)
+
+
+def test_shipped_workloads_load() -> None:
+    model = load(ROOT / "tuning" / "superlinear-exp-v0.1.yaml")
+    labels = [c.label for c in model.cases(device_identity(CPU))]
+    assert "decode 1048576" in labels and "prefill 8192 over 131072" in labels and "training 16384 backward" in labels
+    assert model.params.label == "float0.55" and model.cases(device_identity(CPU))[0].problem.window == 2032
+
+
+def test_verify_and_bench_commands(tmp_path, capsys, monkeypatch, decode_workload, restore_cache) -> None:
+    cache = tmp_path / "c.sqlite"
+    assert main(["tune", str(decode_workload), "--trials", "2", "--storage", str(tmp_path / "s.sqlite"),
+                 "--cache", str(cache), "--device", "cpu", "--no-progress"]) == 0
+    assert "decode 64" in capsys.readouterr().out
+    case = load(decode_workload).cases(device_identity(CPU))[0]
+    planted = make_entry(key=key_of(case.problem), variant="staged", config=KernelConfig(block_k=16, num_warps=1, num_stages=1))
+    with Store.writer(cache) as store:
+        store.put(planted, force=True)
+    assert main(["verify", str(decode_workload), "--cache", str(cache), "--device", "cpu", "--threshold", "100"]) == 0
+    assert "  ok" in capsys.readouterr().out
+    from superlinear_ops.tuner import runner
+
+    def rigged(self, variant, config):  # make the cached winner look twice as slow as the default
+        return 1.0 if (variant, config) == (self.default_variant, self.default_config) else 2.0
+
+    monkeypatch.setattr(runner.ProblemBench, "time_ms", rigged)
+    assert main(["verify", str(decode_workload), "--cache", str(cache), "--device", "cpu"]) == 1
+    assert "FAIL: slower than the default" in capsys.readouterr().out
+    monkeypatch.undo()
+    out = tmp_path / "bench.json"
+    assert main(["bench", str(decode_workload), "--cache", str(cache), "--device", "cpu", "-o", str(out)]) == 0
+    rows = json.loads(out.read_text())["rows"]
+    assert rows[0]["label"] == "decode 64" and rows[0]["tuned_source"] == "explicit"
+    assert rows[0]["tuned_choice"] == "staged 16/1/1" and rows[0]["sdpa_ms"] > 0 and rows[0]["default_ms"] > 0
