@@ -72,7 +72,15 @@ def _problem_from_args(args: argparse.Namespace):
 def _explain(args: argparse.Namespace) -> int:
     from .dispatch import explain
 
-    print(explain(_problem_from_args(args)).text())
+    if args.workload is None:
+        print(explain(_problem_from_args(args)).text())
+        return 0
+    from .problem import device_identity
+    from .tuner.workload import load
+
+    for case in load(args.workload).cases(device_identity(select_device(args.device))):
+        print(f"== {case.label}")
+        print(explain(case.problem).text())
     return 0
 
 
@@ -133,6 +141,7 @@ def build_parser() -> argparse.ArgumentParser:
         "reasons it does not apply, the problem's key, the lookup layers consulted and the final choice.",
     )
     _add_problem_arguments(explain)
+    explain.add_argument("--workload", default=None, help="explain every problem of this workload file instead")
     explain.set_defaults(handler=_explain)
 
     from .cache.commands import add_commands as add_cache_commands

@@ -107,9 +107,14 @@ class YamlLayer(EntryLayer):
 
 
 def shipped_files() -> list[pathlib.Path]:
-    """The YAML caches shipped inside the package, in name order."""
-    root = importlib.resources.files(SHIPPED_PACKAGE)
-    return sorted(pathlib.Path(str(p)) for p in root.iterdir() if p.name.endswith((".yaml", ".yml")))
+    """The YAML caches shipped inside the package (or, run from a source checkout, its cache/ folder)."""
+    try:
+        root = pathlib.Path(str(importlib.resources.files(SHIPPED_PACKAGE)))
+    except ModuleNotFoundError:
+        root = pathlib.Path(__file__).resolve().parents[2] / "cache"
+    if not root.is_dir():
+        return []
+    return sorted(p for p in root.iterdir() if p.name.endswith((".yaml", ".yml")))
 
 
 def layer_for(location: str | os.PathLike, name: str = "explicit") -> EntryLayer:

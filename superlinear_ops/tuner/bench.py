@@ -117,11 +117,15 @@ def bench_case(case: Case, device: torch.device, seed: int = 0) -> BenchRow:
     )
 
 
-def run_bench(workload_path: str, device: torch.device, output: str, plot: str | None) -> list[BenchRow]:
+def run_bench(workload_path: str, device: torch.device, output: str, plot: str | None,
+              only: str | None = None) -> list[BenchRow]:
     """Bench every problem of a workload; writes JSON (and a PNG when matplotlib is installed)."""
     workload = load(workload_path)
     identity = device_identity(device)
-    rows = [bench_case(case, device) for case in unique_cases(workload.cases(identity))]
+    rows = []
+    for case in unique_cases(workload.cases(identity, only)):
+        log.info("bench: %s", case.label)
+        rows.append(bench_case(case, device))
     document = {
         "workload": workload.name,
         "device": identity._asdict(),
@@ -161,11 +165,12 @@ def _plot(rows: list[BenchRow], path: str, workload: str, device: str) -> None:
     fig.savefig(path, dpi=120)
 
 
-def verify(workload_path: str, device: torch.device, threshold: float) -> list[tuple[str, float, float, str]]:
+def verify(workload_path: str, device: torch.device, threshold: float,
+           only: str | None = None) -> list[tuple[str, float, float, str]]:
     """Re-measure each problem's cached winner against the default; rows of (label, default, tuned, verdict)."""
     workload = load(workload_path)
     rows = []
-    for case in unique_cases(workload.cases(device_identity(device))):
+    for case in unique_cases(workload.cases(device_identity(device), only)):
         explanation = dispatch.explain(case.problem)
         choice = explanation.choice
         if choice is None or choice.source == dispatch.HEURISTIC:

@@ -21,12 +21,12 @@ def tune_command(args: argparse.Namespace) -> int:
     if args.worker_only:
         from .tune import work
 
-        work(args.workload, settings=settings, storage=args.storage, device=device)
+        work(args.workload, settings=settings, storage=args.storage, device=device, only=args.problems)
         return 0
     from .tune import tune
 
     results = tune(args.workload, settings=settings, storage=args.storage, cache=args.cache, device=device,
-                   workers=args.workers, progress=not args.no_progress)
+                   workers=args.workers, progress=not args.no_progress, only=args.problems)
     print(f"{'problem':<38}{'default ms':>12}{'best ms':>12}{'speedup':>9}  {'variant':<16}{'bk/warps/stages':>16}{'trials':>8}{'failed':>7}{'pruned':>7}")
     for r in results:
         print(f"{r.label:<38}{r.default_ms:>12.4f}{r.best_ms:>12.4f}{r.speedup:>8.2f}x  {r.variant:<16}{r.config:>16}{r.trials:>8}{r.failed:>7}{r.pruned:>7}")
@@ -40,7 +40,7 @@ def verify_command(args: argparse.Namespace) -> int:
 
     if args.cache:
         use_cache(args.cache)
-    rows = verify(args.workload, _device(args), args.threshold)
+    rows = verify(args.workload, _device(args), args.threshold, args.problems)
     print(f"{'problem':<38}{'default ms':>12}{'tuned ms':>12}  verdict")
     for label, default_ms, tuned_ms, verdict in rows:
         print(f"{label:<38}{default_ms:>12.4f}{tuned_ms:>12.4f}  {verdict}")
@@ -55,7 +55,7 @@ def bench_command(args: argparse.Namespace) -> int:
 
     if args.cache:
         use_cache(args.cache)
-    rows = run_bench(args.workload, _device(args), args.output, args.plot)
+    rows = run_bench(args.workload, _device(args), args.output, args.plot, args.problems)
     print(f"{'problem':<38}{'default':>10}{'tuned':>10}{'speedup':>9}{'SDPA':>10}{'bound':>10}  tuned choice (source)")
     for r in rows:
         bound = "-" if math.isnan(r.lower_bound_ms) else f"{r.lower_bound_ms:.4f}"
@@ -80,6 +80,7 @@ def add_commands(commands) -> None:
     tune.add_argument("--storage", default=None, help="Optuna storage: URL, SQLite file or .log journal (default: user cache)")
     tune.add_argument("--cache", default=None, help="where winners go: SQLite file or URL (default: the user's store)")
     tune.add_argument("--device", choices=("cuda", "cpu"), default=None, help=device_help)
+    tune.add_argument("--problems", default=None, metavar="REGEX", help="only the problems whose label matches")
     tune.add_argument("--workers", type=int, default=1, help="local worker processes, one per visible GPU (default 1)")
     tune.add_argument("--no-progress", action="store_true", help="no progress bar")
     tune.add_argument("--worker-only", action="store_true", help=argparse.SUPPRESS)
@@ -95,6 +96,7 @@ def add_commands(commands) -> None:
     verify.add_argument("--threshold", type=float, default=0.05, help="allowed slowdown (default 0.05 = 5%%)")
     verify.add_argument("--require-all", action="store_true", help="also fail when a problem has no tuned entry")
     verify.add_argument("--device", choices=("cuda", "cpu"), default=None, help=device_help)
+    verify.add_argument("--problems", default=None, metavar="REGEX", help="only the problems whose label matches")
     verify.set_defaults(handler=verify_command)
 
     bench = commands.add_parser(
@@ -107,4 +109,5 @@ def add_commands(commands) -> None:
     bench.add_argument("--output", "-o", default="bench.json", help="JSON file to write (default bench.json)")
     bench.add_argument("--plot", default=None, help="PNG file to write (needs matplotlib)")
     bench.add_argument("--device", choices=("cuda", "cpu"), default=None, help=device_help)
+    bench.add_argument("--problems", default=None, metavar="REGEX", help="only the problems whose label matches")
     bench.set_defaults(handler=bench_command)

@@ -113,18 +113,19 @@ def tune(
     device: torch.device,
     workers: int = 1,
     progress: bool = True,
+    only: str | None = None,
 ) -> list[Result]:
-    """Tune every problem of the workload; returns one result per problem key."""
+    """Tune every problem of the workload (or those whose label matches ``only``); one result per key."""
     workload = load(workload_path)
     identity = device_identity(device)
-    cases = [c for c in unique_cases(workload.cases(identity)) if tunable_variants(c.problem)]
+    cases = [c for c in unique_cases(workload.cases(identity, only)) if tunable_variants(c.problem)]
     if identity.interpreter:
         log.warning("no GPU in use: timing under Triton's CPU interpreter; entries are tagged as interpreter timings")
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     study_storage = open_storage(storage)
     studies = [open_study(study_storage, key_of(c.problem), settings) for c in cases]  # created once, before workers
     if workers > 1:
-        _run_workers(workers, workload_path, settings, storage or default_storage())
+        _run_workers(workers, workload_path, settings, storage or default_storage(), only)
     else:
         total = sum((settings.trials or 0) for _ in cases) or None
         bar = tqdm(total=total, desc=f"tuning {workload.name}", unit="trial", disable=not progress)
@@ -153,7 +154,7 @@ def tune(
     return results
 
 
-def _run_workers(workers: int, workload_path: str, settings: SearchSettings, storage: str) -> None:
+def _run_workers(workers: int, workload_path: str, settings: SearchSettings, storage: str, only: str | None) -> None:
     """Start ``workers`` local tune processes on the shared storage (one GPU each when there are GPUs)."""
     gpus = torch.cuda.device_count()
     processes = []
@@ -170,18 +171,21 @@ def _run_workers(workers: int, workload_path: str, settings: SearchSettings, sto
             command += ["--trials", str(settings.trials)]
         if settings.timeout_s is not None:
             command += ["--timeout", str(settings.timeout_s)]
+        if only is not None:
+            command += ["--problems", only]
         processes.append(subprocess.Popen(command, env=env))
     failures = [p.args for p in processes if p.wait() != 0]
     if failures:
         raise RuntimeError(f"{len(failures)} tune worker(s) failed")
 
 
-def work(workload_path: str, *, settings: SearchSettings, storage: str, device: torch.device) -> None:
+def work(workload_path: str, *, settings: SearchSettings, storage: str, device: torch.device,
+         only: str | None = None) -> None:
     """A worker: run trials on every study of the workload (studies must exist)."""
     workload = load(workload_path)
     identity = device_identity(device)
     study_storage = open_storage(storage)
-    for case in unique_cases(workload.cases(identity)):
+    for case in unique_cases(workload.cases(identity, only)):
         if not tunable_variants(case.problem):
             continue
         study = open_study(study_storage, key_of(case.problem), settings)

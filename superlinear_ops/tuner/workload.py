@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import os
 import pathlib
+import re
 from dataclasses import dataclass
 
 import yaml
@@ -62,8 +63,11 @@ class Workload:
             search_power=self.span.get("search_power"), inv_search_power_int=self.span.get("inv_search_power_int")
         )
 
-    def cases(self, device: DeviceIdentity) -> list[Case]:
-        """Every op problem of the workload on ``device`` (training gives a forward and a backward)."""
+    def cases(self, device: DeviceIdentity, only: str | None = None) -> list[Case]:
+        """Every op problem of the workload on ``device`` (training gives a forward and a backward).
+
+        ``only`` keeps the cases whose label matches that regular expression.
+        """
         m, s = self.model, self.span
         common = dict(
             dtype=m["dtype"], head_dim=m["head_dim"], q_heads=m["q_heads"], kv_heads=m["kv_heads"],
@@ -88,7 +92,7 @@ class Workload:
                 for op, what in ((SPAN_FORWARD, "forward"), (SPAN_BACKWARD, "backward")):
                     problem = Problem(op, spans=s["topk"], queries=n, keys=n, masked=False, **common)
                     cases.append(Case(f"training {n} {what}", problem, factors))
-        return cases
+        return [c for c in cases if only is None or re.search(only, c.label)]
 
 
 def _fail(path: str, line: int | None, message: str) -> WorkloadError:
