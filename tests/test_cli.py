@@ -58,3 +58,15 @@ def test_variants_and_explain_commands(capsys) -> None:
     assert main(["explain", "--op", "span_backward", "--spans", "1", "--device", "cpu"]) == 0
     text = capsys.readouterr().out
     assert "K = 1 span slot" in text and "choice: span_backward/per_span_split" in text
+
+
+def test_every_subpackage_is_packaged() -> None:
+    import pathlib
+    import tomllib
+
+    root = pathlib.Path(__file__).resolve().parent.parent
+    declared = set(tomllib.loads((root / "pyproject.toml").read_text())["tool"]["setuptools"]["packages"])
+    found = {
+        ".".join(p.parent.relative_to(root).parts) for p in (root / "superlinear_ops").rglob("__init__.py")
+    }
+    assert found <= declared, f"add to pyproject.toml [tool.setuptools] packages: {sorted(found - declared)}"

@@ -68,7 +68,12 @@ def make_sampler(settings: SearchSettings) -> optuna.samplers.BaseSampler:
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
         if settings.sampler == "tpe":
-            return optuna.samplers.TPESampler(seed=settings.seed, multivariate=True, group=True, constant_liar=True)
+            # Few random start-up trials and more EI candidates suit these small discrete spaces
+            # (chosen on the H200 sweeps: docs/benchmarks/h200-model-m.md).
+            return optuna.samplers.TPESampler(
+                seed=settings.seed, multivariate=True, group=True, constant_liar=True, n_startup_trials=5,
+                n_ei_candidates=48,
+            )
         if settings.sampler == "random":
             return optuna.samplers.RandomSampler(seed=settings.seed)
         return optuna.samplers.BruteForceSampler(seed=settings.seed)
