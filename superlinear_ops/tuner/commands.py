@@ -64,23 +64,28 @@ def bench_command(args: argparse.Namespace) -> int:
     return 0
 
 
+def _workload_arguments(parser: argparse.ArgumentParser, cache_help: str) -> None:
+    """The arguments every workload command takes."""
+    parser.add_argument("workload", help="workload YAML file, e.g. tuning/quick.yaml")
+    parser.add_argument("--cache", default=None, help=cache_help)
+    parser.add_argument("--device", choices=("cuda", "cpu"), default=None,
+                        help="cuda or cpu (default: cuda when available; cpu runs Triton's interpreter)")
+    parser.add_argument("--problems", default=None, metavar="REGEX", help="only the problems whose label matches")
+
+
 def add_commands(commands) -> None:
     """Register ``tune``, ``verify`` and ``bench`` on the CLI's subparsers."""
-    device_help = "cuda or cpu (default: cuda when available; cpu runs Triton's interpreter)"
     tune = commands.add_parser(
         "tune", help="search the best variant and configuration for every problem of a workload",
         description="Tune a workload file (see tuning/). Each problem gets an Optuna study named by its key; "
         "every candidate is checked against the reference before its time counts; winners go to the cache.",
     )
-    tune.add_argument("workload", help="workload YAML file, e.g. tuning/quick.yaml")
+    _workload_arguments(tune, "where winners go: SQLite file or URL (default: the user's store)")
     tune.add_argument("--trials", type=int, default=24, help="finished trials per problem (default 24; 0: until exhausted)")
     tune.add_argument("--timeout", type=float, default=None, help="seconds per problem (default: none)")
     tune.add_argument("--sampler", choices=SAMPLERS, default="tpe", help="default: tpe")
     tune.add_argument("--seed", type=int, default=0, help="sampler and input seed (default 0)")
     tune.add_argument("--storage", default=None, help="Optuna storage: URL, SQLite file or .log journal (default: user cache)")
-    tune.add_argument("--cache", default=None, help="where winners go: SQLite file or URL (default: the user's store)")
-    tune.add_argument("--device", choices=("cuda", "cpu"), default=None, help=device_help)
-    tune.add_argument("--problems", default=None, metavar="REGEX", help="only the problems whose label matches")
     tune.add_argument("--workers", type=int, default=1, help="local worker processes, one per visible GPU (default 1)")
     tune.add_argument("--no-progress", action="store_true", help="no progress bar")
     tune.add_argument("--worker-only", action="store_true", help=argparse.SUPPRESS)
@@ -91,12 +96,9 @@ def add_commands(commands) -> None:
         description="For every problem of a workload, check and time the dispatcher's cached choice beside "
         "the heuristic default; exit 1 when a winner is slower than the default by more than --threshold.",
     )
-    verify.add_argument("workload", help="workload YAML file")
-    verify.add_argument("--cache", default=None, help="explicit cache to verify (SQLite, YAML or URL)")
+    _workload_arguments(verify, "explicit cache to verify (SQLite, YAML or URL)")
     verify.add_argument("--threshold", type=float, default=0.05, help="allowed slowdown (default 0.05 = 5%%)")
     verify.add_argument("--require-all", action="store_true", help="also fail when a problem has no tuned entry")
-    verify.add_argument("--device", choices=("cuda", "cpu"), default=None, help=device_help)
-    verify.add_argument("--problems", default=None, metavar="REGEX", help="only the problems whose label matches")
     verify.set_defaults(handler=verify_command)
 
     bench = commands.add_parser(
@@ -104,10 +106,7 @@ def add_commands(commands) -> None:
         description="Side by side in one run, per problem of a workload: the heuristic default, the tuned choice, "
         "dense scaled_dot_product_attention and the lower bound (bytes over bandwidth, FLOPs over the tensor rate).",
     )
-    bench.add_argument("workload", help="workload YAML file")
-    bench.add_argument("--cache", default=None, help="explicit cache (SQLite, YAML or URL)")
+    _workload_arguments(bench, "explicit cache (SQLite, YAML or URL)")
     bench.add_argument("--output", "-o", default="bench.json", help="JSON file to write (default bench.json)")
     bench.add_argument("--plot", default=None, help="PNG file to write (needs matplotlib)")
-    bench.add_argument("--device", choices=("cuda", "cpu"), default=None, help=device_help)
-    bench.add_argument("--problems", default=None, metavar="REGEX", help="only the problems whose label matches")
     bench.set_defaults(handler=bench_command)

@@ -103,7 +103,11 @@ def _settings(problem: Problem) -> DecodeSettings:
 
 
 def run(variant: Variant, config: KernelConfig, problem: Problem, x: Inputs) -> tuple[torch.Tensor, ...]:
-    """Run a candidate once; returns its outputs (out; or dQ, dK, dV)."""
+    """Run a candidate once; returns its outputs (out; or dQ, dK, dV).
+
+    A span_backward candidate runs as a training step does: the default forward (for out and its
+    log-sum-exp), then the candidate backward; its timings therefore cover forward + backward.
+    """
     if problem.op == STAGED_DECODE:
         return (variant.launch(x.q1, x.q, x.k, x.v, x.cache_position, x.mask, _settings(problem), config),)
     geo = LaunchGeometry.prepare(x.q, x.k, x.v, x.qstart, x.qend, x.cache_position, x.mask, problem.window)

@@ -9,6 +9,7 @@ created once before workers start, which avoids Optuna's schema-creation race.
 from __future__ import annotations
 
 import logging
+import math
 import os
 import pathlib
 import subprocess
@@ -25,6 +26,7 @@ from ..buckets import key_of
 from ..cache.entry import TunedEntry
 from ..cache.provenance import current_provenance
 from ..cache.store import Store
+from ..kernels.launch import KernelConfig
 from ..problem import device_identity
 from ..registry import REGISTRY
 from .runner import ProblemBench
@@ -82,26 +84,35 @@ def unique_cases(cases: list[Case]) -> list[Case]:
     return unique
 
 
-def summarise(case: Case, study: optuna.Study) -> tuple[Result, TunedEntry | None, optuna.trial.FrozenTrial | None]:
-    """The study's outcome: a result row, and the entry to store (None when nothing completed)."""
+@dataclass(frozen=True)
+class Winner:
+    """The best completed trial of a study."""
+
+    variant: str
+    config: KernelConfig
+    median_ms: float
+    default_ms: float  # inf when the default did not complete
+    max_error: float
+
+
+def summarise(case: Case, study: optuna.Study) -> tuple[Result, Winner | None]:
+    """The study's outcome: a result row, and the winner to store (None when nothing completed)."""
     trials = finished_trials(study)
     complete = [t for t in trials if t.state == TrialState.COMPLETE]
     failed = sum(t.state == TrialState.FAIL for t in trials)
     pruned = sum(t.state == TrialState.PRUNED for t in trials)
-    key = key_of(case.problem)
-    default_params = None
-    supported = [v for v in REGISTRY.variants(case.problem.op) if not v.not_supported_reasons(case.problem)]
-    if supported:
-        default_params = params_of(supported[0], supported[0].default(case.problem))
-    default = next((t for t in complete if t.params == default_params), None)
+    key_text = key_of(case.problem).text()
     if not complete:
-        return Result(case.label, key.text(), float("nan"), float("nan"), "-", "-", len(trials), failed, pruned), None, None
+        return Result(case.label, key_text, math.nan, math.nan, "-", "-", len(trials), failed, pruned), None
+    default_variant = next(v for v in REGISTRY.variants(case.problem.op) if not v.not_supported_reasons(case.problem))
+    default_params = params_of(default_variant, default_variant.default(case.problem))
+    default = next((t for t in complete if t.params == default_params), None)
     best = min(complete, key=lambda t: t.value)
     name, config = candidate_of(best.params)
-    default_ms = default.value if default is not None else float("inf")  # the default failed or never ran
-    result = Result(case.label, key.text(), default_ms, best.value, name, f"{config.block_k}/{config.num_warps}/{config.num_stages}",
-                    len(trials), failed, pruned)
-    return result, (name, config, default_ms, best), best
+    winner = Winner(name, config, best.value, default.value if default is not None else math.inf,
+                    float(best.user_attrs.get("max_error", math.nan)))
+    label = f"{config.block_k}/{config.num_warps}/{config.num_stages}"
+    return Result(case.label, key_text, winner.default_ms, winner.median_ms, name, label, len(trials), failed, pruned), winner
 
 
 def tune(
@@ -138,19 +149,17 @@ def tune(
     results = []
     with Store.writer(cache) as store:
         for case, study in zip(cases, studies):
-            result, found, _ = summarise(case, study)
+            result, winner = summarise(case, study)
             results.append(result)
-            if found is None:
+            if winner is None:
                 log.warning("%s: no candidate completed; nothing stored", case.label)
                 continue
-            name, config, default_ms, best = found
-            entry = TunedEntry(
-                key=key_of(case.problem), variant=name, config=config, median_ms=best.value, default_ms=default_ms,
-                max_error=float(best.user_attrs.get("max_error", float("nan"))), sampler=settings.sampler,
+            store.put(TunedEntry(
+                key=key_of(case.problem), variant=winner.variant, config=winner.config, median_ms=winner.median_ms,
+                default_ms=winner.default_ms, max_error=winner.max_error, sampler=settings.sampler,
                 trials=result.trials, seed=settings.seed,
-                provenance=current_provenance(case.problem.op, name, identity),
-            )
-            store.put(entry)
+                provenance=current_provenance(case.problem.op, winner.variant, identity),
+            ))
     return results
 
 
