@@ -43,6 +43,9 @@ def test_round_trip_sqlite_yaml_sqlite_is_identical(tmp_path) -> None:
         from_a = a.entries()
     assert from_a == sorted(original, key=lambda e: e.key_text)
     yaml_file.write(from_a, tmp_path / "a.yaml")
+    umask = os.umask(0)
+    os.umask(umask)
+    assert (tmp_path / "a.yaml").stat().st_mode & 0o777 == 0o666 & ~umask  # not mkstemp's 0600
     text = (tmp_path / "a.yaml").read_text()
     from_yaml = yaml_file.read(tmp_path / "a.yaml")
     assert from_yaml == from_a
@@ -268,6 +271,7 @@ def test_read_only_directory_warns_at_most_once_and_the_op_still_runs() -> None:
             "        out = so.fused_span_attention_gqa(q, k, k, s, s, torch.arange(64 - lq, 64), None, 2)\n"
             "        assert torch.isfinite(out).all()\n"
             "print('cache warnings', sum(issubclass(x.category, CacheWarning) for x in w))\n"
+            "print([str(x.message) for x in w if issubclass(x.category, CacheWarning)])\n"
             "try:\n"
             f"    Store.writer({store_path!r}).put_many([])\n"
             "    print('writer opened')\n"

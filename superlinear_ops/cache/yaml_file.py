@@ -16,6 +16,12 @@ FORMAT = "superlinear-ops-tuning"
 FORMAT_VERSION = 1
 
 
+def _umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
+
+
 def canonical(entries: Iterable[TunedEntry]) -> list[TunedEntry]:
     """One entry per key (the faster when two share a key), ordered by key text."""
     best: dict[str, TunedEntry] = {}
@@ -45,6 +51,7 @@ def write(entries: Iterable[TunedEntry], path: str | os.PathLike) -> int:
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
     with os.fdopen(fd, "w", encoding="utf-8") as fh:
         fh.write(text)
+    os.chmod(tmp, 0o666 & ~_umask())  # mkstemp makes 0600; give the file the usual permissions
     os.replace(tmp, path)
     return len(entries)
 
