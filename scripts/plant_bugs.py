@@ -15,6 +15,8 @@ plants = {
  "split dK/dV wrong q head": (B, "dkv_base = (batch * H_Q + head) * L_KV * D_HEAD", "dkv_base = (batch * H_Q + (head + 1) % H_Q) * L_KV * D_HEAD", "tests/test_span_kernels.py -k split"),
  "fused window misses last span's dV": (B, "dv += p[:, None] * do[None, :]", "dv += p[:, None] * do[None, :] * (j < N_SLOTS - 1 or N_SLOTS == 1)", "tests/test_span_kernels.py -k fused"),
  "decode gate halves scores": (DEC, "gate = torch.softmax(gate_logits, dim=-1)", "gate = torch.softmax(gate_logits / 2, dim=-1)", "tests/test_decode.py"),
+ "fused search span start off by one": ("superlinear_ops/kernels/decode_search.py", "tl.maximum(anchor - back, 0)", "tl.maximum(anchor - back + 1, 0)", "tests/test_decode.py -k fused_search"),
+ "fused search top-k takes the lowest score": ("superlinear_ops/kernels/decode_search.py", "best = tl.max(scores, axis=0)", "best = tl.min(tl.where(scores > float('-inf'), scores, float('inf')), axis=0)", "tests/test_decode.py -k fused_search"),
  "decode span start off by one": (DEC, "(anchor - back_len).clamp(min=0)", "(anchor - back_len + 1).clamp(min=0)", "tests/test_decode.py"),
 }
 for name, (path, old, new, target) in plants.items():

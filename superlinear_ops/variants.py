@@ -16,6 +16,7 @@ import torch
 
 from .buckets import next_power_of_two
 from .decode import DecodeSettings, staged_decode
+from .decode_fused import fused_search_decode
 from .kernels.launch import KernelConfig, LaunchGeometry
 from .problem import SPAN_BACKWARD, SPAN_FORWARD, STAGED_DECODE, Problem
 from .reference import span_backward_reference, span_forward_reference
@@ -155,11 +156,11 @@ def reference_backward(geo, config, out, lse, grad_out):
     )
 
 
-def staged_decode_with(span_forward):
-    """A staged-decode launcher whose span attention runs ``span_forward``."""
+def staged_decode_with(span_forward, orchestration=staged_decode):
+    """A staged-decode launcher: ``orchestration`` with its span attention run by ``span_forward``."""
 
     def launch(q1, q2, k, v, cache_position, attention_mask, settings: DecodeSettings, config: KernelConfig):
-        return staged_decode(q1, q2, k, v, cache_position, attention_mask, settings, partial(span_forward, config=config))
+        return orchestration(q1, q2, k, v, cache_position, attention_mask, settings, partial(span_forward, config=config))
 
     return launch
 
@@ -207,6 +208,13 @@ REGISTRY.register(Variant(
     reasons=triton_reasons, compile_check=partial(resource_check, 2), default=forward_default, priority=0,
     description="stripe search and top-k in PyTorch, span attention by the per-(query, span) Triton forward",
     source_files=("decode.py", "kernels/span_forward.py", *KERNEL_FILES),
+))
+REGISTRY.register(Variant(
+    op=STAGED_DECODE, name="fused_search", launch=staged_decode_with(triton_forward, fused_search_decode),
+    space=FORWARD_SPACE, reasons=triton_reasons, compile_check=partial(resource_check, 2), default=forward_default,
+    priority=10,
+    description="stripe scores, top-k and spans in one Triton kernel, then the per-(query, span) forward",
+    source_files=("decode.py", "decode_fused.py", "kernels/decode_search.py", "kernels/span_forward.py", *KERNEL_FILES),
 ))
 REGISTRY.register(Variant(
     op=STAGED_DECODE, name="staged_reference", launch=staged_decode_with(reference_forward), space=(),

@@ -9,7 +9,10 @@ import torch
 from conftest import assert_close
 
 from superlinear_ops import decode_span_attention_staged, decode_span_attention_staged_gqa, geometry
+from superlinear_ops.decode import DecodeSettings
+from superlinear_ops.kernels.launch import KernelConfig
 from superlinear_ops.reference import decode_reference
+from superlinear_ops.registry import REGISTRY
 
 
 @dataclass(frozen=True)
@@ -93,6 +96,18 @@ def test_decode_matches_spec_oracle(name: str, gen: torch.Generator) -> None:
     case = CASES[name]
     inputs = make_decode_inputs(case, gen)
     got = run(case, inputs, block_k=16)
+    assert got.shape == (case.batch, case.hq, 1, case.dim) and got.dtype == case.dtype
+    assert_close(got, oracle(case, inputs), case.dtype)
+
+
+@pytest.mark.parametrize("name", list(CASES))
+def test_fused_search_variant_matches_spec_oracle(name: str, gen: torch.Generator) -> None:
+    case = CASES[name]
+    inputs = make_decode_inputs(case, gen)
+    settings = DecodeSettings(case.sw_index, case.topk, case.backward_factor, case.forward_factor, case.span_power,
+                              geometry.power_params(**case.power_kwargs()))
+    variant = REGISTRY.get("staged_decode", "fused_search")
+    got = variant.launch(*inputs, settings, KernelConfig(block_k=16))
     assert got.shape == (case.batch, case.hq, 1, case.dim) and got.dtype == case.dtype
     assert_close(got, oracle(case, inputs), case.dtype)
 

@@ -1,0 +1,87 @@
+"""Decode variants side by side on a GPU, in one run: the original-style 'staged' orchestration,
+'fused_search' (stripe search + top-k + spans in one Triton kernel), dense SDPA and the lower bound.
+Both variants are checked against the float64 reference first; decode is timed by replaying a CUDA
+graph (and eagerly at 1M); the fused variant's graph is replayed at five advancing positions and
+compared with eager calls.
+
+Run on a GPU:  PYTHONPATH=. python scripts/decode_compare.py --out decode.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+
+import torch
+
+from superlinear_ops.decode import DecodeSettings
+from superlinear_ops.problem import device_identity
+from superlinear_ops.registry import REGISTRY
+from superlinear_ops.tuner.bench import lower_bound, sdpa_time
+from superlinear_ops.tuner.runner import ProblemBench, measure, run
+from superlinear_ops.tuner.workload import load
+
+VARIANTS = ("staged", "fused_search")
+
+
+def graph_replay_matches_eager(bench: ProblemBench, name: str) -> float:
+    """Max |replay - eager| over five advancing decode positions (static-cache inputs)."""
+    variant = REGISTRY.get("staged_decode", name)
+    problem, x = bench.problem, bench.inputs
+    config = variant.default(problem)
+    keys = problem.keys
+    cache_position = torch.tensor([keys // 2], device=bench.device)
+    mask = torch.zeros(problem.batch, keys, dtype=torch.bool, device=bench.device)
+    mask[:, : keys // 2 + 1] = True
+    bf, ff, sp = problem.factors
+    settings = DecodeSettings(problem.sw_index, problem.spans, bf, ff, sp, problem.params)
+    call = lambda: variant.launch(x.q1, x.q, x.k, x.v, cache_position, mask, settings, config)  # noqa: E731
+    for _ in range(2):
+        call()
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        static_out = call()
+    worst = 0.0
+    for step in range(1, 6):
+        cache_position.fill_(keys // 2 + step)
+        mask[:, keys // 2 + step] = True
+        x.q1.normal_()
+        graph.replay()
+        worst = max(worst, (static_out.float() - call().float()).abs().max().item())
+    return worst
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--out", default="decode_compare.json")
+    args = parser.parse_args()
+    device = torch.device("cuda")
+    workload = load("tuning/superlinear-exp-v0.1.yaml")
+    cases = [c for c in workload.cases(device_identity(device)) if c.problem.op == "staged_decode"]
+    b4 = next(c for c in cases if c.label == "decode 262144")
+    cases.append(dataclasses.replace(b4, label="decode 262144, B=4", problem=b4.problem._replace(batch=4)))
+    rows = []
+    for case in cases:
+        bench = ProblemBench(case, device, seed=0)
+        row = {"label": case.label}
+        for name in VARIANTS:
+            variant = REGISTRY.get("staged_decode", name)
+            config = variant.default(case.problem)
+            row[f"{name}_error"] = bench.check(variant, config)
+            row[f"{name}_graph_ms"] = bench.time_ms(variant, config)
+            if case.label == "decode 1048576":
+                row[f"{name}_eager_ms"] = measure(lambda: run(variant, config, case.problem, bench.inputs), device)
+        row["sdpa_ms"], _ = sdpa_time(bench)
+        row["lower_bound_ms"], row["bound_basis"] = lower_bound(case)
+        rows.append(row)
+        print(json.dumps(row), flush=True)
+    graph_check = {name: graph_replay_matches_eager(ProblemBench(cases[1], device, seed=1), name) for name in VARIANTS}
+    print("graph replay vs eager, max |diff|:", graph_check, flush=True)
+    with open(args.out, "w") as fh:
+        json.dump({"rows": rows, "graph_replay_vs_eager": graph_check, "gpu": torch.cuda.get_device_name()}, fh, indent=2)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,46 @@
+"""Staged decode with the stripe search, top-k and span ends fused into one Triton kernel.
+
+Computes exactly what ``decode.staged_decode`` computes (SPEC section 3); steps 1-3 run in
+``kernels.decode_search`` instead of a chain of small PyTorch ops.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from . import geometry
+from .decode import DecodeSettings, SpanForward
+from .kernels.launch import LaunchGeometry
+
+
+def gate_and_combine(scores: torch.Tensor, span_out: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """Step 5: softmax of the chosen spans' scores [B, Hq, topk] (-inf: no span; all -inf: uniform)
+    weighting the span outputs [B, Hq, 1, topk, D]; returns [B, Hq, 1, D] in ``dtype``."""
+    any_chosen = (scores > float("-inf")).any(dim=-1, keepdim=True)
+    gate = torch.softmax(torch.where(any_chosen, scores, torch.zeros_like(scores)), dim=-1)
+    return (gate[:, :, None, :, None] * span_out.float()).sum(dim=3).to(dtype)
+
+
+def fused_search_decode(
+    q1: torch.Tensor,
+    q2: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    cache_position: torch.Tensor,
+    attention_mask: torch.Tensor | None,
+    settings: DecodeSettings,
+    span_forward: SpanForward,
+) -> torch.Tensor:
+    """Staged decode with steps 1-3 in one Triton kernel (``kernels.decode_search``)."""
+    from .kernels.decode_search import stripe_search  # imports Triton on first use only
+
+    lkv, device, window = k.shape[2], q1.device, settings.window
+    offsets = geometry.stripe_offsets_tensor(lkv, settings.sw_index, settings.params, device)
+    back = geometry.span_length_table(settings.backward_factor, settings.span_power, lkv, device)
+    forward = None
+    if settings.forward_factor > 0:
+        forward = geometry.span_length_table(settings.forward_factor, settings.span_power, lkv, device)
+    qstart, qend, scores = stripe_search(q1, k, offsets, cache_position, attention_mask, back, forward, window, settings.topk)
+    geo = LaunchGeometry.prepare(q2, k, v, qstart, qend, cache_position[-1:], attention_mask, window)
+    span_out, _ = span_forward(geo)
+    return gate_and_combine(scores, span_out, q2.dtype)
