@@ -43,3 +43,20 @@ def test_h200_cache_covers_every_model_m_problem() -> None:
     workload = load(ROOT / "tuning" / "superlinear-exp-v0.1.yaml")
     missing = [c.label for c in workload.cases(H200) if key_of(c.problem) not in shipped]
     assert missing == []
+
+
+def test_dispatcher_serves_every_model_m_problem_from_the_shipped_file_on_an_h200() -> None:
+    """What `superlinear-ops explain --workload ...` reports on an H200 with a clean user cache."""
+    import pytest
+
+    from superlinear_ops.cache.layers import YamlLayer
+    from superlinear_ops.cache.provenance import major_minor, triton_version
+    from superlinear_ops.dispatch import Dispatcher
+
+    entries = yaml_file.read(ROOT / "cache" / "nvidia-h200.yaml")
+    if {major_minor(e.provenance.triton_version) for e in entries} != {major_minor(triton_version())}:
+        pytest.skip("the shipped entries are valid only with the Triton they were measured with")
+    dispatcher = Dispatcher(REGISTRY, [YamlLayer("shipped", shipped_files, "package")])
+    for case in load(ROOT / "tuning" / "superlinear-exp-v0.1.yaml").cases(H200):
+        explanation = dispatcher.explain(case.problem)
+        assert explanation.choice.source == "shipped", (case.label, explanation.text())
