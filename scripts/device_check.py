@@ -91,7 +91,7 @@ def check_decode(gen) -> None:
     with torch.cuda.graph(graph):
         static_out = run()
     diffs = []
-    for step, pos in enumerate(range(40000, 40005)):
+    for pos in range(40000, 40005):
         static_cp.fill_(pos)
         static_mask[:, pos] = True
         sq1.copy_(rand(1, HQ, 1, D, gen=gen))

@@ -10,7 +10,6 @@ import sys
 import textwrap
 from concurrent.futures import ProcessPoolExecutor
 
-import pytest
 from cache_helpers import make_entry, make_key, write_entries
 from sqlalchemy import create_engine
 

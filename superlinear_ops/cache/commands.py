@@ -6,7 +6,7 @@ import argparse
 import logging
 
 from . import yaml_file
-from .store import Store, StoreError
+from .store import Store
 from .validity import why_stale, why_unusable
 
 log = logging.getLogger(__name__)
@@ -87,4 +87,3 @@ def add_commands(commands) -> None:
     p.set_defaults(handler=prune)
 
 
-__all__ = ["StoreError", "add_commands"]

@@ -12,7 +12,7 @@ import torch
 import torch.nn.functional as F
 
 from .. import dispatch, geometry
-from ..problem import SPAN_BACKWARD, STAGED_DECODE, Problem, device_identity
+from ..problem import SPAN_BACKWARD, STAGED_DECODE, device_identity
 from .runner import CandidateFailed, ProblemBench, measure
 from .tune import unique_cases
 from .workload import Case, load
