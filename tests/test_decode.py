@@ -139,3 +139,19 @@ def test_mha_entry_point_matches_gqa_entry_point(gen: torch.Generator) -> None:
         *inputs, case.sw_index, case.topk, case.backward_factor, case.forward_factor, block_k=16
     )
     assert torch.equal(mha, run(case, inputs, block_k=16))
+
+
+@pytest.mark.parametrize("name", ["staged", "fused_search"])
+def test_negative_decode_position_stays_in_bounds(name: str, gen: torch.Generator, monkeypatch) -> None:
+    """Without validation a negative position is treated as 0: no out-of-bounds table read."""
+    from superlinear_ops import dispatch
+
+    case = CASES["forward-factor-mask-holes"]
+    q1, q2, k, v, _, mask = make_decode_inputs(case, gen)
+    monkeypatch.setattr(dispatch.DISPATCHER, "select", lambda p: dispatch.Choice(
+        REGISTRY.get("staged_decode", name), KernelConfig(block_k=16), "test"))
+    got = run(case, (q1, q2, k, v, torch.tensor([-7]), mask))
+    expected = run(case, (q1, q2, k, v, torch.tensor([0]), mask))
+    assert torch.isfinite(got).all() and torch.equal(got, expected)
+    with pytest.raises(ValueError, match="cache_position"):
+        run(case, (q1, q2, k, v, torch.tensor([-7]), mask), validate=True)
