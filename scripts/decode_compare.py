@@ -1,5 +1,6 @@
 """Decode variants side by side on a GPU, in one run: the original-style 'staged' orchestration,
-'fused_search' (stripe search + top-k + spans in one Triton kernel), dense SDPA and the lower bound.
+'fused_search' (stripe search + top-k + spans in one Triton kernel), 'split_window' (that search,
+then chunked span/window attention merged with the gate), dense SDPA and the lower bound.
 Both variants are checked against the float64 reference first; decode is timed by replaying a CUDA
 graph (and eagerly at 1M); the fused variant's graph is replayed at five advancing positions and
 compared with eager calls.
@@ -22,7 +23,7 @@ from superlinear_ops.tuner.bench import lower_bound, sdpa_time
 from superlinear_ops.tuner.runner import ProblemBench, measure, run
 from superlinear_ops.tuner.workload import load
 
-VARIANTS = ("staged", "fused_search")
+VARIANTS = ("staged", "fused_search", "split_window")
 
 
 def graph_replay_matches_eager(bench: ProblemBench, name: str) -> float:

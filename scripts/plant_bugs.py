@@ -17,6 +17,8 @@ plants = {
  "decode gate halves scores": (DEC, "gate = torch.softmax(gate_logits, dim=-1)", "gate = torch.softmax(gate_logits / 2, dim=-1)", "tests/test_decode.py"),
  "fused search span start off by one": ("superlinear_ops/kernels/decode_search.py", "tl.maximum(anchor - back, 0)", "tl.maximum(anchor - back + 1, 0)", "tests/test_decode.py -k fused_search"),
  "fused search top-k takes the lowest score": ("superlinear_ops/kernels/decode_search.py", "best = tl.max(scores, axis=0)", "best = tl.min(tl.where(scores > float('-inf'), scores, float('inf')), axis=0)", "tests/test_decode.py -k fused_search"),
+ "split decode drops the last chunk": ("superlinear_ops/kernels/decode_split.py", "for chunk in range(0, N_CHUNKS):", "for chunk in range(0, N_CHUNKS - 1):", "tests/test_decode.py -k split_window"),
+ "split decode gate ignores scores": ("superlinear_ops/kernels/decode_split.py", "weight = tl.where(any_chosen, tl.exp(tl.load(score_ptr + row * K_SPANS + j) - top), 1.0) / total", "weight = 1.0 / K_SPANS", "tests/test_decode.py -k split_window"),
  "decode span start off by one": (DEC, "(anchor - back_len).clamp(min=0)", "(anchor - back_len + 1).clamp(min=0)", "tests/test_decode.py"),
 }
 for name, (path, old, new, target) in plants.items():

@@ -17,6 +17,7 @@ import torch
 from .buckets import next_power_of_two
 from .decode import DecodeSettings, staged_decode
 from .decode_fused import fused_search_decode
+from .decode_split import split_window_decode
 from .kernels.launch import KernelConfig, LaunchGeometry
 from .problem import SPAN_BACKWARD, SPAN_FORWARD, STAGED_DECODE, Problem
 from .reference import span_backward_reference, span_forward_reference
@@ -215,6 +216,13 @@ REGISTRY.register(Variant(
     priority=0,  # faster than 'staged' at every context measured on the H200 (docs/benchmarks/h200-decode.md)
     description="stripe scores, top-k and spans in one Triton kernel, then the per-(query, span) forward",
     source_files=("decode.py", "decode_fused.py", "kernels/decode_search.py", "kernels/span_forward.py", *KERNEL_FILES),
+))
+REGISTRY.register(Variant(
+    op=STAGED_DECODE, name="split_window", launch=split_window_decode, space=FORWARD_SPACE, reasons=triton_reasons,
+    compile_check=partial(resource_check, 2), default=forward_default, priority=5,
+    description="fused stripe search, then span/window attention in 256-key chunks merged once per head with the gate",
+    source_files=("decode.py", "decode_split.py", "kernels/decode_search.py", "kernels/decode_split.py",
+                  "kernels/span_forward.py", *KERNEL_FILES),
 ))
 REGISTRY.register(Variant(
     op=STAGED_DECODE, name="staged_reference", launch=staged_decode_with(reference_forward), space=(),
