@@ -213,13 +213,14 @@ REGISTRY.register(Variant(
 REGISTRY.register(Variant(
     op=STAGED_DECODE, name="fused_search", launch=staged_decode_with(triton_forward, fused_search_decode),
     space=FORWARD_SPACE, reasons=triton_reasons, compile_check=partial(resource_check, 2), default=forward_default,
-    priority=0,  # faster than 'staged' at every context measured on the H200 (docs/benchmarks/h200-decode.md)
+    priority=2,
     description="stripe scores, top-k and spans in one Triton kernel, then the per-(query, span) forward",
     source_files=("decode.py", "decode_fused.py", "kernels/decode_search.py", "kernels/span_forward.py", *KERNEL_FILES),
 ))
 REGISTRY.register(Variant(
     op=STAGED_DECODE, name="split_window", launch=split_window_decode, space=FORWARD_SPACE, reasons=triton_reasons,
-    compile_check=partial(resource_check, 2), default=forward_default, priority=5,
+    compile_check=partial(resource_check, 2), default=forward_default,
+    priority=0,  # fastest decode variant at every context measured on the H200 (docs/benchmarks/h200-decode-compare.json)
     description="fused stripe search, then span/window attention in 256-key chunks merged once per head with the gate",
     source_files=("decode.py", "decode_split.py", "kernels/decode_search.py", "kernels/decode_split.py",
                   "kernels/span_forward.py", *KERNEL_FILES),
