@@ -206,14 +206,14 @@ REGISTRY.register(Variant(
 ))
 REGISTRY.register(Variant(
     op=STAGED_DECODE, name="staged", launch=staged_decode_with(triton_forward), space=FORWARD_SPACE,
-    reasons=triton_reasons, compile_check=partial(resource_check, 2), default=forward_default, priority=1,
+    reasons=triton_reasons, compile_check=partial(resource_check, 2), default=forward_default, priority=2,
     description="stripe search and top-k in PyTorch, span attention by the per-(query, span) Triton forward",
     source_files=("decode.py", "kernels/span_forward.py", *KERNEL_FILES),
 ))
 REGISTRY.register(Variant(
     op=STAGED_DECODE, name="fused_search", launch=staged_decode_with(triton_forward, fused_search_decode),
     space=FORWARD_SPACE, reasons=triton_reasons, compile_check=partial(resource_check, 2), default=forward_default,
-    priority=2,
+    priority=1,
     description="stripe scores, top-k and spans in one Triton kernel, then the per-(query, span) forward",
     source_files=("decode.py", "decode_fused.py", "kernels/decode_search.py", "kernels/span_forward.py", *KERNEL_FILES),
 ))
