@@ -137,10 +137,9 @@ def staged_decode(
 ) -> Tensor:
     """Staged decode [B, Hq, 1, D] by the dispatcher's decode variant (block_k 0: choose).
 
-    Only the last cache position matters; it is clamped at 0 so that an (invalid) negative position
-    can never index outside the geometry tables (``validate=True`` rejects it instead).
+    Only the last cache position matters; every variant treats a negative one (which only
+    ``validate=True`` rejects) as 0, so that it can never index outside the geometry tables.
     """
-    cache_position = cache_position[-1:].clamp(min=0)
     params = _settings(search_power, inv_search_power_int)
     factors = (backward_factor, forward_factor, span_power)
     problem = Problem.for_decode(q2, k, topk, attention_mask is not None, sw_index, params.label, factors)

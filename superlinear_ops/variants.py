@@ -17,6 +17,7 @@ import torch
 from .buckets import next_power_of_two
 from .decode import DecodeSettings, staged_decode
 from .decode_fused import fused_search_decode
+from .decode_grouped import grouped_decode
 from .decode_split import split_window_decode
 from .kernels.launch import KernelConfig, LaunchGeometry
 from .problem import SPAN_BACKWARD, SPAN_FORWARD, STAGED_DECODE, Problem
@@ -73,6 +74,14 @@ def split_reasons(problem: Problem) -> list[str]:
     if need > SPLIT_DKV_BUDGET_BYTES:
         return [f"split dK/dV buffers need {need / 2**30:.1f} GiB > {SPLIT_DKV_BUDGET_BYTES >> 30} GiB"]
     return []
+
+
+def grouped_reasons(problem: Problem) -> list[str]:
+    """Why the grouped decode kernels cannot serve ``problem``."""
+    reasons = triton_reasons(problem)
+    if problem.rep > 64:
+        reasons.append(f"rep = {problem.rep} > 64 query heads per KV head (one program holds a whole group)")
+    return reasons
 
 
 def reference_reasons(problem: Problem) -> list[str]:
@@ -166,6 +175,16 @@ def staged_decode_with(span_forward, orchestration=staged_decode):
     return launch
 
 
+def position_clamped(launch):
+    """``launch`` given only the last cache position, clamped at 0: an unvalidated negative position
+    must never index outside the geometry tables (the grouped kernels clamp it themselves)."""
+
+    def clamped(q1, q2, k, v, cache_position, *rest):
+        return launch(q1, q2, k, v, cache_position[-1:].clamp(min=0), *rest)
+
+    return clamped
+
+
 # --- declarations -------------------------------------------------------------------------------
 
 REGISTRY.register(Variant(
@@ -205,28 +224,35 @@ REGISTRY.register(Variant(
     source_files=("reference.py",),
 ))
 REGISTRY.register(Variant(
-    op=STAGED_DECODE, name="staged", launch=staged_decode_with(triton_forward), space=FORWARD_SPACE,
-    reasons=triton_reasons, compile_check=partial(resource_check, 2), default=forward_default, priority=2,
+    op=STAGED_DECODE, name="staged", launch=position_clamped(staged_decode_with(triton_forward)), space=FORWARD_SPACE,
+    reasons=triton_reasons, compile_check=partial(resource_check, 2), default=forward_default, priority=3,
     description="stripe search and top-k in PyTorch, span attention by the per-(query, span) Triton forward",
     source_files=("decode.py", "kernels/span_forward.py", *KERNEL_FILES),
 ))
 REGISTRY.register(Variant(
-    op=STAGED_DECODE, name="fused_search", launch=staged_decode_with(triton_forward, fused_search_decode),
+    op=STAGED_DECODE, name="fused_search", launch=position_clamped(staged_decode_with(triton_forward, fused_search_decode)),
     space=FORWARD_SPACE, reasons=triton_reasons, compile_check=partial(resource_check, 2), default=forward_default,
-    priority=1,
+    priority=2,
     description="stripe scores, top-k and spans in one Triton kernel, then the per-(query, span) forward",
     source_files=("decode.py", "decode_fused.py", "kernels/decode_search.py", "kernels/span_forward.py", *KERNEL_FILES),
 ))
 REGISTRY.register(Variant(
-    op=STAGED_DECODE, name="split_window", launch=split_window_decode, space=FORWARD_SPACE, reasons=triton_reasons,
-    compile_check=partial(resource_check, 2), default=forward_default,
-    priority=0,  # fastest decode variant at every context measured on the H200 (docs/benchmarks/h200-decode-compare.json)
+    op=STAGED_DECODE, name="split_window", launch=position_clamped(split_window_decode), space=FORWARD_SPACE,
+    reasons=triton_reasons, compile_check=partial(resource_check, 2), default=forward_default, priority=1,
     description="fused stripe search, then span/window attention in 256-key chunks merged once per head with the gate",
     source_files=("decode.py", "decode_split.py", "kernels/decode_search.py", "kernels/decode_split.py",
                   "kernels/span_forward.py", *KERNEL_FILES),
 ))
 REGISTRY.register(Variant(
-    op=STAGED_DECODE, name="staged_reference", launch=staged_decode_with(reference_forward), space=(),
+    op=STAGED_DECODE, name="grouped", launch=grouped_decode, space=FORWARD_SPACE, reasons=grouped_reasons,
+    compile_check=partial(resource_check, 2), default=forward_default,
+    priority=0,  # fastest decode variant at every context measured on the H200 (docs/benchmarks/h200-decode-compare.json)
+    description="stripe search and window once per KV group, spans in chunks, one gated merge: three launches",
+    source_files=("decode.py", "decode_tables.py", "decode_grouped.py", "kernels/decode_grouped.py",
+                  "kernels/span_forward.py", *KERNEL_FILES),
+))
+REGISTRY.register(Variant(
+    op=STAGED_DECODE, name="staged_reference", launch=position_clamped(staged_decode_with(reference_forward)), space=(),
     reasons=reference_reasons, compile_check=no_check, default=reference_default, priority=100,
     description="stripe search and top-k in PyTorch, span attention by the PyTorch reference",
     source_files=("decode.py", "reference.py"),

@@ -100,7 +100,7 @@ def test_decode_matches_spec_oracle(name: str, gen: torch.Generator) -> None:
     assert_close(got, oracle(case, inputs), case.dtype)
 
 
-@pytest.mark.parametrize("variant_name", ["fused_search", "split_window"])
+@pytest.mark.parametrize("variant_name", ["fused_search", "split_window", "grouped"])
 @pytest.mark.parametrize("name", list(CASES))
 def test_fused_variants_match_spec_oracle(name: str, variant_name: str, gen: torch.Generator) -> None:
     case = CASES[name]
@@ -142,7 +142,7 @@ def test_mha_entry_point_matches_gqa_entry_point(gen: torch.Generator) -> None:
     assert torch.equal(mha, run(case, inputs, block_k=16))
 
 
-@pytest.mark.parametrize("name", ["staged", "fused_search", "split_window"])
+@pytest.mark.parametrize("name", ["staged", "fused_search", "split_window", "grouped"])
 def test_negative_decode_position_stays_in_bounds(name: str, gen: torch.Generator, monkeypatch) -> None:
     """Without validation a negative position is treated as 0: no out-of-bounds table read."""
     from superlinear_ops import dispatch

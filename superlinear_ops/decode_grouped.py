@@ -1,0 +1,31 @@
+"""Staged decode with the stripe search and the window computed once per KV group on tensor
+cores, spans split into chunks, and one merge that applies the gate (``kernels.decode_grouped``)."""
+
+from __future__ import annotations
+
+import torch
+
+from .decode import DecodeSettings
+from .decode_tables import decode_tables
+from .kernels.launch import KernelConfig
+
+
+def grouped_decode(
+    q1: torch.Tensor,
+    q2: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    cache_position: torch.Tensor,
+    attention_mask: torch.Tensor | None,
+    settings: DecodeSettings,
+    config: KernelConfig,
+) -> torch.Tensor:
+    """Decode output [B, Hq, 1, D] for validated inputs (three launches, no host synchronisation)."""
+    from .kernels.decode_grouped import grouped_decode_attention  # imports Triton on first use only
+
+    tables = decode_tables(k.shape[2], settings, q1.device)
+    return grouped_decode_attention(
+        q1, q2, k, v, cache_position, attention_mask, tables.offsets, tables.back, tables.forward,
+        settings.window, settings.topk, tables.longest_span,
+        block_k=config.block_k, num_warps=config.num_warps, num_stages=config.num_stages,
+    )

@@ -1,0 +1,417 @@
+"""Staged decode in three launches, with every key that a KV group shares read once for the group.
+
+1. ``stripe_candidates_kernel``: one program per (block of stripes, KV head, batch) gathers its
+   stripe keys once and scores them against the search queries of all ``rep`` query heads of the
+   group in one fp32 dot (unscaled; invalid stripes -inf), then keeps each
+   head's local top-``TOPK`` (score, stripe) candidates.
+2. ``decode_partials_kernel``: two kinds of programs in one launch.
+   Span programs, one per (chunk, span slot, head): merge the candidates into the head's global
+   top-``TOPK`` (highest score first, lowest stripe first among ties), turn its slot's anchor into
+   the span [qstart, qend] with the exact span-length tables (SPEC section 3, steps 1-3), and run
+   the online softmax over ``CHUNK`` keys of it.
+   Window programs, one per (window chunk, KV head): the window's keys scored against all ``rep``
+   attention queries of the group at once.
+   Each program writes its partial softmax state (weighted values, max, sum; log2 domain).
+3. ``gated_merge_kernel``: one program per (head, batch) merges the window's partials once, each
+   span's partials on top of them (O_j = softmax over span_j and the window, zeros when empty), and
+   returns the gate-weighted sum of the O_j (steps 4-5) in Q's dtype.
+
+The short prefix (t <= W) needs no branch: no stripe precedes the window, every span is empty and
+the uniform gate returns the window attention over [0, pos]. The decode position is clamped to
+[0, Lkv - 1] in the kernels. Grids and buffers depend only on shapes, never on the position.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+
+import torch
+import triton
+import triton.language as tl
+
+from .common import LOG2E, window_bounds
+
+NO_STRIPE = tl.constexpr(2**31 - 1)  # candidate stripe index that loses every tie
+WINDOW_BLOCK = 64  # keys per step of a window program
+WINDOW_CHUNK = 256  # keys per window program
+MIN_DOT = tl.constexpr(16)  # smallest tl.dot extent
+
+
+@triton.jit
+def _decode_position(cache_pos_ptr, LAST, L_KV):
+    """pos = the last cache position clamped to [0, L_KV - 1], as int64."""
+    pos = tl.load(cache_pos_ptr + LAST).to(tl.int64)
+    return tl.maximum(tl.minimum(pos, L_KV - 1), 0)
+
+
+@triton.jit
+def _dot(a, b, UPCAST: tl.constexpr):
+    """a @ b with fp32 accumulation (exact fp32 FMAs for fp32 inputs, tensor cores for 16-bit ones).
+
+    ``UPCAST`` computes in fp32 instead: Triton 3.6's interpreter multiplies bf16 bit patterns.
+    """
+    if UPCAST:
+        out = tl.dot(a.to(tl.float32), b.to(tl.float32), input_precision="ieee")
+    else:
+        out = tl.dot(a, b, input_precision="ieee")
+    return out
+
+
+@triton.jit
+def _stripe_candidates(
+    Q1_ptr, K_ptr, offsets_ptr, mask_ptr, cand_score_ptr, cand_stripe_ptr, block, group, batch, pos,
+    stride_qb, stride_qh, stride_kb, stride_kh, stride_kl, stride_mb, H_Q, REP, WINDOW, N_STRIPES, N_CANDIDATES,
+    TOPK: tl.constexpr, BLOCK_S: tl.constexpr, REP_PAD: tl.constexpr, D_HEAD: tl.constexpr,
+    BLOCK_D: tl.constexpr, HAS_MASK: tl.constexpr, UPCAST: tl.constexpr,
+):
+    window_start = tl.maximum(pos - WINDOW + 1, 0)
+    stripes = block * BLOCK_S + tl.arange(0, BLOCK_S)
+    in_table = stripes < N_STRIPES
+    loc = pos + 1 - tl.load(offsets_ptr + stripes, mask=in_table, other=0)
+    valid = in_table & (loc >= 0) & (loc < window_start)
+    if HAS_MASK:
+        valid = valid & (tl.load(mask_ptr + batch * stride_mb + loc, mask=valid, other=0) != 0)
+    offs_d = tl.arange(0, BLOCK_D)
+    d_mask = offs_d < D_HEAD
+    keys = tl.load(
+        K_ptr + batch * stride_kb + group * stride_kh + loc[:, None] * stride_kl + offs_d[None, :],
+        mask=valid[:, None] & d_mask[None, :], other=0.0,
+    )
+    rows = tl.arange(0, REP_PAD)
+    heads = group * REP + rows
+    queries = tl.load(
+        Q1_ptr + batch * stride_qb + heads[:, None] * stride_qh + offs_d[None, :],
+        mask=(rows[:, None] < REP) & d_mask[None, :], other=0.0,
+    )
+    scores = _dot(queries, tl.trans(keys), UPCAST)  # [REP_PAD, BLOCK_S]
+    scores = tl.where(valid[None, :], scores, float("-inf"))
+
+    first = (batch * H_Q + heads) * N_CANDIDATES + block * TOPK
+    for j in tl.static_range(TOPK):
+        best = tl.max(scores, axis=1)
+        pick = tl.min(tl.where(scores == best[:, None], stripes[None, :], NO_STRIPE), axis=1)
+        tl.store(cand_score_ptr + first + j, best, mask=rows < REP)
+        tl.store(cand_stripe_ptr + first + j, pick, mask=rows < REP)
+        scores = tl.where(stripes[None, :] == pick[:, None], float("-inf"), scores)
+
+
+@triton.jit
+def _chosen_stripe(cand_score_ptr, cand_stripe_ptr, row, slot, N_CANDIDATES,
+                   TOPK: tl.constexpr, CAND_POW2: tl.constexpr):
+    """(score, stripe) of the head's ``slot``-th best candidate (score -inf: no stripe)."""
+    offs = tl.arange(0, CAND_POW2)
+    live = offs < N_CANDIDATES
+    scores = tl.load(cand_score_ptr + row * N_CANDIDATES + offs, mask=live, other=float("-inf"))
+    stripes = tl.load(cand_stripe_ptr + row * N_CANDIDATES + offs, mask=live, other=NO_STRIPE)
+    score = tl.full((), float("-inf"), tl.float32)
+    stripe = tl.full((), 0, tl.int32)
+    for j in tl.static_range(TOPK):
+        best = tl.max(scores, axis=0)
+        pick = tl.min(tl.where(scores == best, stripes, NO_STRIPE), axis=0)
+        score = tl.where(slot == j, best, score)
+        stripe = tl.where(slot == j, pick, stripe)
+        scores = tl.where(stripes == pick, float("-inf"), scores)
+    return score, stripe
+
+
+@triton.jit
+def _attend(
+    q, K_ptr, V_ptr, kv_base, stride_kl, mask_ptr, mask_base, lo, hi, offs_d, d_mask, qk_scale,
+    BLOCK_K: tl.constexpr, HAS_MASK: tl.constexpr, UPCAST: tl.constexpr,
+):
+    """Online softmax of the query rows q [R, BLOCK_D] over keys lo..hi (none when hi < lo).
+
+    Both products are dots (R >= 16), so Triton stages the K/V tiles through shared memory over
+    ``num_stages`` and keeps few registers per key. Returns (acc [R, BLOCK_D], m [R], l [R]), log2 domain.
+    """
+    acc = tl.zeros((q.shape[0], q.shape[1]), dtype=tl.float32)
+    m = tl.full((q.shape[0],), float("-inf"), tl.float32)
+    l = tl.zeros((q.shape[0],), dtype=tl.float32)
+    for start in range(lo, hi + 1, BLOCK_K):
+        offs_k = start + tl.arange(0, BLOCK_K)
+        valid = offs_k <= hi
+        if HAS_MASK:
+            valid = valid & (tl.load(mask_ptr + mask_base + offs_k, mask=valid, other=0) != 0)
+        offsets = kv_base + offs_k[:, None].to(tl.int64) * stride_kl + offs_d[None, :]
+        kv_mask = valid[:, None] & d_mask[None, :]
+        k = tl.load(K_ptr + offsets, mask=kv_mask, other=0.0)
+        v = tl.load(V_ptr + offsets, mask=kv_mask, other=0.0)
+        s2 = _dot(q, tl.trans(k), UPCAST) * qk_scale
+        s2 = tl.where(valid[None, :], s2, float("-inf"))
+        m_new = tl.maximum(m, tl.max(s2, axis=1))
+        m_ref = tl.where(m_new == float("-inf"), 0.0, m_new)
+        alpha = tl.exp2(m - m_ref)
+        p = tl.exp2(s2 - m_ref[:, None])
+        l = l * alpha + tl.sum(p, axis=1)
+        acc = acc * alpha[:, None] + _dot(p.to(v.dtype), v, UPCAST)
+        m = m_new
+    return acc, m, l
+
+
+@triton.jit
+def _window_chunk(
+    Q2_ptr, K_ptr, V_ptr, mask_ptr, acc_ptr, m_ptr, l_ptr, wchunk, group, batch, pos,
+    stride_qb, stride_qh, stride_kb, stride_kh, stride_kl, stride_mb,
+    H_Q, REP, WINDOW, N_WCHUNKS, WCHUNK, qk_scale,
+    REP_PAD: tl.constexpr, D_HEAD: tl.constexpr, BLOCK_D: tl.constexpr, WINDOW_BLOCK: tl.constexpr,
+    HAS_MASK: tl.constexpr, UPCAST: tl.constexpr,
+):
+    window_lo, window_hi = window_bounds(pos.to(tl.int32), WINDOW)
+    lo = window_lo + wchunk * WCHUNK
+    hi = tl.minimum(window_hi, lo + WCHUNK - 1)
+
+    rows = tl.arange(0, REP_PAD)
+    heads = group * REP + rows
+    row_ok = rows < REP
+    offs_d = tl.arange(0, BLOCK_D)
+    d_mask = offs_d < D_HEAD
+    q = tl.load(Q2_ptr + batch * stride_qb + heads[:, None] * stride_qh + offs_d[None, :],
+                mask=row_ok[:, None] & d_mask[None, :], other=0.0)
+    acc, m, l = _attend(q, K_ptr, V_ptr, batch * stride_kb + group * stride_kh, stride_kl, mask_ptr,
+                        batch * stride_mb, lo, hi, offs_d, d_mask, qk_scale, WINDOW_BLOCK, HAS_MASK, UPCAST)
+    part = (batch * H_Q + heads) * N_WCHUNKS + wchunk
+    tl.store(acc_ptr + part[:, None] * D_HEAD + offs_d[None, :], acc, mask=row_ok[:, None] & d_mask[None, :])
+    tl.store(m_ptr + part, m, mask=row_ok)
+    tl.store(l_ptr + part, l, mask=row_ok)
+
+
+@triton.jit
+def group_kernel(
+    Q1_ptr, Q2_ptr, K_ptr, V_ptr, offsets_ptr, cache_pos_ptr, mask_ptr, cand_score_ptr, cand_stripe_ptr,
+    win_acc_ptr, win_m_ptr, win_l_ptr,
+    stride_q1b, stride_q1h, stride_q2b, stride_q2h, stride_kb, stride_kh, stride_kl, stride_mb,
+    H_Q, L_KV, REP, WINDOW, LAST, N_STRIPES, N_BLOCKS, N_CANDIDATES, N_WCHUNKS, WCHUNK, qk_scale,
+    TOPK: tl.constexpr, BLOCK_S: tl.constexpr, REP_PAD: tl.constexpr, D_HEAD: tl.constexpr,
+    BLOCK_D: tl.constexpr, WINDOW_BLOCK: tl.constexpr, HAS_MASK: tl.constexpr, UPCAST: tl.constexpr,
+):
+    """Per (program, KV head, batch): a block of stripe candidates, or a chunk of the window."""
+    pid = tl.program_id(0)
+    group = tl.program_id(1).to(tl.int64)
+    batch = tl.program_id(2).to(tl.int64)
+    pos = _decode_position(cache_pos_ptr, LAST, L_KV)
+    if pid < N_BLOCKS:
+        _stripe_candidates(
+            Q1_ptr, K_ptr, offsets_ptr, mask_ptr, cand_score_ptr, cand_stripe_ptr, pid, group, batch, pos,
+            stride_q1b, stride_q1h, stride_kb, stride_kh, stride_kl, stride_mb, H_Q, REP, WINDOW, N_STRIPES,
+            N_CANDIDATES, TOPK, BLOCK_S, REP_PAD, D_HEAD, BLOCK_D, HAS_MASK, UPCAST,
+        )
+    else:
+        _window_chunk(
+            Q2_ptr, K_ptr, V_ptr, mask_ptr, win_acc_ptr, win_m_ptr, win_l_ptr, pid - N_BLOCKS, group, batch, pos,
+            stride_q2b, stride_q2h, stride_kb, stride_kh, stride_kl, stride_mb,
+            H_Q, REP, WINDOW, N_WCHUNKS, WCHUNK, qk_scale,
+            REP_PAD, D_HEAD, BLOCK_D, WINDOW_BLOCK, HAS_MASK, UPCAST,
+        )
+
+
+@triton.jit
+def span_partials_kernel(
+    Q2_ptr, K_ptr, V_ptr, cand_score_ptr, cand_stripe_ptr, offsets_ptr, back_ptr, forward_ptr, first_ptr,
+    cache_pos_ptr, mask_ptr, acc_ptr, m_ptr, l_ptr, chosen_ptr,
+    stride_qb, stride_qh, stride_kb, stride_kh, stride_kl, stride_mb,
+    H_Q, L_KV, REP, WINDOW, LAST, N_CANDIDATES, N_CHUNKS, CHUNK, qk_scale,
+    TOPK: tl.constexpr, CAND_POW2: tl.constexpr, D_HEAD: tl.constexpr, BLOCK_D: tl.constexpr,
+    BLOCK_K: tl.constexpr, HAS_MASK: tl.constexpr, HAS_FORWARD: tl.constexpr, FIRST_FROM_MASK: tl.constexpr,
+    UPCAST: tl.constexpr,
+):
+    """Per (chunk, span slot, head; batch): the online softmax over one chunk of one span."""
+    pid = tl.program_id(0)
+    batch = tl.program_id(1).to(tl.int64)
+    chunk = pid % N_CHUNKS
+    head_slot = pid // N_CHUNKS
+    slot = head_slot % TOPK
+    head = (head_slot // TOPK).to(tl.int64)
+    row = batch * H_Q + head
+    pos = _decode_position(cache_pos_ptr, LAST, L_KV)
+    score, stripe = _chosen_stripe(cand_score_ptr, cand_stripe_ptr, row, slot, N_CANDIDATES, TOPK, CAND_POW2)
+    tl.store(chosen_ptr + row * TOPK + slot, score, mask=chunk == 0)
+
+    # The span of the chosen anchor (empty, hi < lo, when no stripe was chosen).
+    t = pos + 1
+    anchor = t - tl.load(offsets_ptr + tl.where(score > float("-inf"), stripe, 0))
+    lo = tl.maximum(anchor - tl.load(back_ptr + t), 0)
+    hi = anchor
+    if HAS_FORWARD:
+        if FIRST_FROM_MASK:
+            distance = tl.maximum(t - tl.load(first_ptr + batch), 0)
+        else:
+            distance = t
+        limit = tl.where(WINDOW > 0, pos - WINDOW, pos)
+        hi = tl.minimum(anchor + tl.load(forward_ptr + distance), limit)
+    hi = tl.where(score > float("-inf"), hi, -1)
+    lo = lo + chunk * CHUNK
+    hi = tl.minimum(hi, lo + CHUNK - 1)
+
+    # The head's query is row 0 of a MIN_DOT-row tile (the other rows are zeros, never stored).
+    rows = tl.arange(0, MIN_DOT)
+    offs_d = tl.arange(0, BLOCK_D)
+    d_mask = offs_d < D_HEAD
+    q = tl.load(Q2_ptr + batch * stride_qb + head * stride_qh + rows[:, None] * 0 + offs_d[None, :],
+                mask=(rows[:, None] == 0) & d_mask[None, :], other=0.0)
+    acc, m, l = _attend(q, K_ptr, V_ptr, batch * stride_kb + (head // REP) * stride_kh, stride_kl, mask_ptr,
+                        batch * stride_mb, lo.to(tl.int32), hi.to(tl.int32), offs_d, d_mask, qk_scale,
+                        BLOCK_K, HAS_MASK, UPCAST)
+    part = batch * H_Q * TOPK * N_CHUNKS + pid + rows * 0
+    first_row = rows == 0
+    tl.store(acc_ptr + part[:, None] * D_HEAD + offs_d[None, :], acc, mask=first_row[:, None] & d_mask[None, :])
+    tl.store(m_ptr + part, m, mask=first_row)
+    tl.store(l_ptr + part, l, mask=first_row)
+
+
+@triton.jit
+def _merged_partials(acc_ptr, m_ptr, l_ptr, first, count, offs_d, d_mask,
+                     COUNT_POW2: tl.constexpr, D_HEAD: tl.constexpr):
+    """Softmax state (acc, m, l) of ``count`` consecutive partials merged at once."""
+    offs = tl.arange(0, COUNT_POW2)
+    live = offs < count
+    m = tl.load(m_ptr + first + offs, mask=live, other=float("-inf"))
+    m_max = tl.max(m, axis=0)
+    scale = tl.exp2(m - tl.where(m_max == float("-inf"), 0.0, m_max))
+    l = tl.sum(tl.load(l_ptr + first + offs, mask=live, other=0.0) * scale, axis=0)
+    acc = tl.load(acc_ptr + (first + offs)[:, None] * D_HEAD + offs_d[None, :],
+                  mask=live[:, None] & d_mask[None, :], other=0.0)
+    return tl.sum(acc * scale[:, None], axis=0), m_max, l
+
+
+@triton.jit
+def gated_merge_kernel(
+    span_acc_ptr, span_m_ptr, span_l_ptr, win_acc_ptr, win_m_ptr, win_l_ptr, chosen_ptr, Out_ptr,
+    H_Q, N_CHUNKS, N_WCHUNKS,
+    TOPK: tl.constexpr, TOPK_POW2: tl.constexpr, CHUNKS_POW2: tl.constexpr, WCHUNKS_POW2: tl.constexpr,
+    D_HEAD: tl.constexpr, BLOCK_D: tl.constexpr,
+):
+    head = tl.program_id(0).to(tl.int64)
+    batch = tl.program_id(1).to(tl.int64)
+    row = batch * H_Q + head
+    offs_d = tl.arange(0, BLOCK_D)
+    d_mask = offs_d < D_HEAD
+
+    # Gate: softmax of the chosen spans' scores; uniform when no span was chosen.
+    slots = tl.arange(0, TOPK_POW2)
+    scores = tl.load(chosen_ptr + row * TOPK + slots, mask=slots < TOPK, other=float("-inf"))
+    top = tl.max(scores, axis=0)
+    any_chosen = top > float("-inf")
+    weights = tl.where(any_chosen, tl.exp(scores - tl.where(any_chosen, top, 0.0)), 1.0)
+    weights = tl.where(slots < TOPK, weights, 0.0)
+    weights = weights / tl.sum(weights, axis=0)
+
+    w_acc, w_m, w_l = _merged_partials(win_acc_ptr, win_m_ptr, win_l_ptr, row * N_WCHUNKS, N_WCHUNKS,
+                                       offs_d, d_mask, WCHUNKS_POW2, D_HEAD)
+    out = tl.zeros((BLOCK_D,), dtype=tl.float32)
+    for j in tl.static_range(TOPK):
+        s_acc, s_m, s_l = _merged_partials(span_acc_ptr, span_m_ptr, span_l_ptr, (row * TOPK + j) * N_CHUNKS,
+                                           N_CHUNKS, offs_d, d_mask, CHUNKS_POW2, D_HEAD)
+        m = tl.maximum(w_m, s_m)
+        m_ref = tl.where(m == float("-inf"), 0.0, m)
+        a_w, a_s = tl.exp2(w_m - m_ref), tl.exp2(s_m - m_ref)
+        l = w_l * a_w + s_l * a_s
+        acc = w_acc * a_w + s_acc * a_s
+        span_out = tl.where(l > 0.0, acc / tl.where(l > 0.0, l, 1.0), 0.0)
+        out += tl.sum(tl.where(slots == j, weights, 0.0), axis=0) * span_out
+    tl.store(Out_ptr + row * D_HEAD + offs_d, out.to(Out_ptr.dtype.element_ty), mask=d_mask)
+
+
+@functools.lru_cache(maxsize=None)
+def _multiprocessors(device: torch.device) -> int:
+    return torch.cuda.get_device_properties(device).multi_processor_count if device.type == "cuda" else 1
+
+
+def span_chunk_length(span_keys: int, spans: int, device: torch.device, block_k: int) -> int:
+    """Keys per span program: enough programs to keep every multiprocessor busy a few times over."""
+    programs_wanted = 8 * _multiprocessors(device)
+    chunk = triton.next_power_of_2(max(triton.cdiv(span_keys * spans, programs_wanted), 1))
+    return max(min(chunk, 1024), 128, block_k)
+
+
+def grouped_decode_attention(
+    q1: torch.Tensor,
+    q2: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    decode_position: torch.Tensor,
+    attention_mask: torch.Tensor | None,
+    offsets: torch.Tensor,
+    back_table: torch.Tensor,
+    forward_table: torch.Tensor | None,
+    window: int,
+    topk: int,
+    longest_span: int,
+    block_k: int = 64,
+    num_warps: int = 4,
+    num_stages: int = 2,
+    chunk: int | None = None,
+    block_s: int = 64,
+) -> torch.Tensor:
+    """Staged decode output [B, Hq, 1, D] (SPEC section 3) for validated inputs.
+
+    ``decode_position`` holds the decode position in its last entry (any integer dtype);
+    ``offsets`` are the stripe offsets, ``back_table``/``forward_table`` the span-length tables
+    (forward None when the forward factor is 0); spans hold at most ``longest_span`` keys.
+    """
+    batch, hq, _, dim = q1.shape
+    hkv, lkv = k.shape[1], k.shape[2]
+    rep = hq // hkv
+    device = q1.device
+    q1 = q1 if q1.stride(-1) == 1 else q1.contiguous()
+    q2 = q2 if q2.stride(-1) == 1 else q2.contiguous()
+    if k.stride(-1) != 1 or v.stride(-1) != 1 or k.stride() != v.stride():
+        k, v = k.contiguous(), v.contiguous()
+    if attention_mask is None:
+        mask, mask_stride = k, 0  # never read
+    else:
+        mask = attention_mask.view(torch.uint8) if attention_mask.dtype == torch.bool else attention_mask
+        mask_stride = mask.stride(0)
+        if mask.stride(-1) != 1:
+            mask = mask.contiguous()
+            mask_stride = mask.stride(0)
+    has_forward = forward_table is not None
+    first_from_mask = has_forward and attention_mask is not None
+    first = (attention_mask[:, :lkv] != 0).to(torch.int8).argmax(dim=1) if first_from_mask else decode_position
+
+    n_stripes = offsets.numel()
+    n_blocks = triton.cdiv(n_stripes, block_s)
+    n_candidates = n_blocks * topk
+    chunk = chunk or span_chunk_length(longest_span, batch * hq * topk, device, block_k)
+    n_chunks = triton.cdiv(longest_span, chunk)
+    wchunk = WINDOW_CHUNK
+    n_wchunks = max(triton.cdiv(window, wchunk), 1)
+    span_parts = batch * hq * topk * n_chunks
+    window_parts = batch * hq * n_wchunks
+    rows = batch * hq
+    work = torch.empty((span_parts + window_parts) * (dim + 2) + rows * (topk + n_candidates),
+                       dtype=torch.float32, device=device)
+    span_acc, span_m, span_l, win_acc, win_m, win_l, chosen, cand_score = work.split(
+        [span_parts * dim, span_parts, span_parts, window_parts * dim, window_parts, window_parts,
+         rows * topk, rows * n_candidates])
+    cand_stripe = torch.empty(rows * n_candidates, dtype=torch.int32, device=device)
+    out = torch.empty(batch, hq, 1, dim, dtype=q2.dtype, device=device)
+
+    rep_pad = max(triton.next_power_of_2(rep), MIN_DOT.value)
+    block_d = max(triton.next_power_of_2(dim), MIN_DOT.value)
+    last = decode_position.numel() - 1
+    kv_strides = (k.stride(0), k.stride(1), k.stride(2), mask_stride)
+    qk_scale = LOG2E / math.sqrt(dim)
+    has_mask = attention_mask is not None
+    upcast = device.type == "cpu" and q1.dtype == torch.bfloat16  # see _dot
+    group_kernel[(n_blocks + n_wchunks, hkv, batch)](
+        q1, q2, k, v, offsets, decode_position, mask, cand_score, cand_stripe, win_acc, win_m, win_l,
+        q1.stride(0), q1.stride(1), q2.stride(0), q2.stride(1), *kv_strides,
+        hq, lkv, rep, window, last, n_stripes, n_blocks, n_candidates, n_wchunks, wchunk, qk_scale,
+        TOPK=topk, BLOCK_S=block_s, REP_PAD=rep_pad, D_HEAD=dim, BLOCK_D=block_d, WINDOW_BLOCK=WINDOW_BLOCK,
+        HAS_MASK=has_mask, UPCAST=upcast, num_warps=4,
+    )
+    span_partials_kernel[(hq * topk * n_chunks, batch)](
+        q2, k, v, cand_score, cand_stripe, offsets, back_table, forward_table if has_forward else back_table, first,
+        decode_position, mask, span_acc, span_m, span_l, chosen, q2.stride(0), q2.stride(1), *kv_strides,
+        hq, lkv, rep, window, last, n_candidates, n_chunks, chunk, qk_scale,
+        TOPK=topk, CAND_POW2=triton.next_power_of_2(n_candidates), D_HEAD=dim, BLOCK_D=block_d, BLOCK_K=block_k,
+        HAS_MASK=has_mask, HAS_FORWARD=has_forward, FIRST_FROM_MASK=first_from_mask, UPCAST=upcast,
+        num_warps=num_warps, num_stages=num_stages,
+    )
+    gated_merge_kernel[(hq, batch)](
+        span_acc, span_m, span_l, win_acc, win_m, win_l, chosen, out, hq, n_chunks, n_wchunks,
+        TOPK=topk, TOPK_POW2=triton.next_power_of_2(topk), CHUNKS_POW2=triton.next_power_of_2(n_chunks),
+        WCHUNKS_POW2=triton.next_power_of_2(n_wchunks), D_HEAD=dim, BLOCK_D=block_d, num_warps=4,
+    )
+    return out
