@@ -129,6 +129,12 @@ def backward_default(problem: Problem) -> KernelConfig:
     return KernelConfig(block_k=32, num_warps=4, num_stages=1)
 
 
+def grouped_default(problem: Problem) -> KernelConfig:
+    """Heuristic grouped-decode configuration: 64-key tiles, 4 warps, 3 stages (best or within 1%
+    of the best at every model-M context in the H200 sweep, docs/benchmarks/h200-decode-sweep.json)."""
+    return KernelConfig(block_k=64, num_warps=4, num_stages=3)
+
+
 def reference_default(problem: Problem) -> KernelConfig:
     """The reference ignores its configuration."""
     return KernelConfig()
@@ -245,11 +251,10 @@ REGISTRY.register(Variant(
 ))
 REGISTRY.register(Variant(
     op=STAGED_DECODE, name="grouped", launch=grouped_decode, space=FORWARD_SPACE, reasons=grouped_reasons,
-    compile_check=partial(resource_check, 2), default=forward_default,
+    compile_check=partial(resource_check, 2), default=grouped_default,
     priority=0,  # fastest decode variant at every context measured on the H200 (docs/benchmarks/h200-decode-compare.json)
-    description="stripe search and window once per KV group, spans in chunks, one gated merge: three launches",
-    source_files=("decode.py", "decode_tables.py", "decode_grouped.py", "kernels/decode_grouped.py",
-                  "kernels/span_forward.py", *KERNEL_FILES),
+    description="stripe search and window once per KV group, spans in tensor-core chunks, merged by the last: two launches",
+    source_files=("decode.py", "decode_tables.py", "decode_grouped.py", "kernels/decode_grouped.py", *KERNEL_FILES),
 ))
 REGISTRY.register(Variant(
     op=STAGED_DECODE, name="staged_reference", launch=position_clamped(staged_decode_with(reference_forward)), space=(),

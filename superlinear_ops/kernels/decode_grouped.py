@@ -1,24 +1,24 @@
-"""Staged decode in three launches, with every key that a KV group shares read once for the group.
+"""Staged decode in two launches, with every key that a KV group shares read once for the group.
 
-1. ``stripe_candidates_kernel``: one program per (block of stripes, KV head, batch) gathers its
-   stripe keys once and scores them against the search queries of all ``rep`` query heads of the
-   group in one fp32 dot (unscaled; invalid stripes -inf), then keeps each
-   head's local top-``TOPK`` (score, stripe) candidates.
-2. ``decode_partials_kernel``: two kinds of programs in one launch.
-   Span programs, one per (chunk, span slot, head): merge the candidates into the head's global
-   top-``TOPK`` (highest score first, lowest stripe first among ties), turn its slot's anchor into
-   the span [qstart, qend] with the exact span-length tables (SPEC section 3, steps 1-3), and run
-   the online softmax over ``CHUNK`` keys of it.
-   Window programs, one per (window chunk, KV head): the window's keys scored against all ``rep``
-   attention queries of the group at once.
-   Each program writes its partial softmax state (weighted values, max, sum; log2 domain).
-3. ``gated_merge_kernel``: one program per (head, batch) merges the window's partials once, each
-   span's partials on top of them (O_j = softmax over span_j and the window, zeros when empty), and
-   returns the gate-weighted sum of the O_j (steps 4-5) in Q's dtype.
+1. ``group_kernel``, one program per (block, KV head, batch), two kinds of blocks:
+   stripe blocks gather their stripe keys once and score them against the search queries of all
+   ``rep`` query heads of the group in one dot (fp32 accumulation, unscaled; invalid stripes -inf),
+   then keep each head's local top-``TOPK`` (score, stripe) candidates;
+   window blocks score ``WINDOW_CHUNK`` window keys against all ``rep`` attention queries of the
+   group in one dot and write each head's partial softmax state.
+2. ``span_kernel``, one program per (chunk, span slot, head; batch): merges the candidates into the
+   head's global top-``TOPK`` (highest score first, lowest stripe first among ties), turns its
+   slot's anchor into the span [qstart, qend] with the exact span-length tables (SPEC section 3,
+   steps 1-3) and runs the online softmax over ``CHUNK`` keys of it (one query row padded to a
+   16-row tile: both products are tensor-core dots whose K/V tiles Triton stages through shared
+   memory). The head's last program to finish (an atomic counter) merges the window's partials
+   once, each span's partials on top of them (O_j = softmax over span_j and the window, zeros when
+   empty) and writes the gate-weighted sum of the O_j (steps 4-5) in Q's dtype.
 
-The short prefix (t <= W) needs no branch: no stripe precedes the window, every span is empty and
-the uniform gate returns the window attention over [0, pos]. The decode position is clamped to
-[0, Lkv - 1] in the kernels. Grids and buffers depend only on shapes, never on the position.
+Partial softmax states are (weighted values, max, sum) in the log2 domain. The short prefix
+(t <= W) needs no branch: no stripe precedes the window, every span is empty and the uniform gate
+returns the window attention over [0, pos]. The decode position is clamped to [0, Lkv - 1] in the
+kernels. Grids and buffers depend only on shapes, never on the position.
 """
 
 from __future__ import annotations
@@ -33,8 +33,7 @@ import triton.language as tl
 from .common import LOG2E, window_bounds
 
 NO_STRIPE = tl.constexpr(2**31 - 1)  # candidate stripe index that loses every tie
-WINDOW_BLOCK = 64  # keys per step of a window program
-WINDOW_CHUNK = 256  # keys per window program
+WINDOW_CHUNK = 64  # keys per window program (one tensor-core step: window programs finish early)
 MIN_DOT = tl.constexpr(16)  # smallest tl.dot extent
 
 
@@ -179,17 +178,20 @@ def _window_chunk(
 @triton.jit
 def group_kernel(
     Q1_ptr, Q2_ptr, K_ptr, V_ptr, offsets_ptr, cache_pos_ptr, mask_ptr, cand_score_ptr, cand_stripe_ptr,
-    win_acc_ptr, win_m_ptr, win_l_ptr,
+    win_acc_ptr, win_m_ptr, win_l_ptr, counter_ptr,
     stride_q1b, stride_q1h, stride_q2b, stride_q2h, stride_kb, stride_kh, stride_kl, stride_mb,
     H_Q, L_KV, REP, WINDOW, LAST, N_STRIPES, N_BLOCKS, N_CANDIDATES, N_WCHUNKS, WCHUNK, qk_scale,
     TOPK: tl.constexpr, BLOCK_S: tl.constexpr, REP_PAD: tl.constexpr, D_HEAD: tl.constexpr,
     BLOCK_D: tl.constexpr, WINDOW_BLOCK: tl.constexpr, HAS_MASK: tl.constexpr, UPCAST: tl.constexpr,
 ):
-    """Per (program, KV head, batch): a block of stripe candidates, or a chunk of the window."""
+    """Per (program, KV head, batch): a block of stripe candidates, or a chunk of the window.
+    Program 0 of each group also zeroes its heads' finished-program counters for ``span_kernel``."""
     pid = tl.program_id(0)
     group = tl.program_id(1).to(tl.int64)
     batch = tl.program_id(2).to(tl.int64)
     pos = _decode_position(cache_pos_ptr, LAST, L_KV)
+    rows = tl.arange(0, REP_PAD)
+    tl.store(counter_ptr + batch * H_Q + group * REP + rows, 0, mask=(rows < REP) & (rows * 0 + pid == 0))
     if pid < N_BLOCKS:
         _stripe_candidates(
             Q1_ptr, K_ptr, offsets_ptr, mask_ptr, cand_score_ptr, cand_stripe_ptr, pid, group, batch, pos,
@@ -206,16 +208,17 @@ def group_kernel(
 
 
 @triton.jit
-def span_partials_kernel(
+def span_kernel(
     Q2_ptr, K_ptr, V_ptr, cand_score_ptr, cand_stripe_ptr, offsets_ptr, back_ptr, forward_ptr, first_ptr,
-    cache_pos_ptr, mask_ptr, acc_ptr, m_ptr, l_ptr, chosen_ptr,
-    stride_qb, stride_qh, stride_kb, stride_kh, stride_kl, stride_mb,
-    H_Q, L_KV, REP, WINDOW, LAST, N_CANDIDATES, N_CHUNKS, CHUNK, qk_scale,
-    TOPK: tl.constexpr, CAND_POW2: tl.constexpr, D_HEAD: tl.constexpr, BLOCK_D: tl.constexpr,
-    BLOCK_K: tl.constexpr, HAS_MASK: tl.constexpr, HAS_FORWARD: tl.constexpr, FIRST_FROM_MASK: tl.constexpr,
-    UPCAST: tl.constexpr,
+    cache_pos_ptr, mask_ptr, acc_ptr, m_ptr, l_ptr, chosen_ptr, win_acc_ptr, win_m_ptr, win_l_ptr, counter_ptr,
+    Out_ptr, stride_qb, stride_qh, stride_kb, stride_kh, stride_kl, stride_mb,
+    H_Q, L_KV, REP, WINDOW, LAST, N_CANDIDATES, N_CHUNKS, CHUNK, N_WCHUNKS, qk_scale,
+    TOPK: tl.constexpr, TOPK_POW2: tl.constexpr, CAND_POW2: tl.constexpr, CHUNKS_POW2: tl.constexpr,
+    WCHUNKS_POW2: tl.constexpr, D_HEAD: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_K: tl.constexpr,
+    HAS_MASK: tl.constexpr, HAS_FORWARD: tl.constexpr, FIRST_FROM_MASK: tl.constexpr, UPCAST: tl.constexpr,
 ):
-    """Per (chunk, span slot, head; batch): the online softmax over one chunk of one span."""
+    """Per (chunk, span slot, head; batch): the online softmax over one chunk of one span; the
+    head's last program to finish also merges the head's output."""
     pid = tl.program_id(0)
     batch = tl.program_id(1).to(tl.int64)
     chunk = pid % N_CHUNKS
@@ -258,38 +261,46 @@ def span_partials_kernel(
     tl.store(m_ptr + part, m, mask=first_row)
     tl.store(l_ptr + part, l, mask=first_row)
 
+    # The row's last program to finish (the counter was zeroed by the group kernel) merges it.
+    tl.debug_barrier()  # every thread's partial is written before the release below
+    finished = tl.atomic_add(counter_ptr + row, 1, sem="acq_rel", scope="gpu")
+    if finished == TOPK * N_CHUNKS - 1:
+        _gated_merge(acc_ptr, m_ptr, l_ptr, win_acc_ptr, win_m_ptr, win_l_ptr, chosen_ptr, Out_ptr, row,
+                     N_CHUNKS, N_WCHUNKS, TOPK, TOPK_POW2, CHUNKS_POW2, WCHUNKS_POW2, D_HEAD, BLOCK_D)
+
 
 @triton.jit
 def _merged_partials(acc_ptr, m_ptr, l_ptr, first, count, offs_d, d_mask,
                      COUNT_POW2: tl.constexpr, D_HEAD: tl.constexpr):
-    """Softmax state (acc, m, l) of ``count`` consecutive partials merged at once."""
+    """Softmax state (acc, m, l) of ``count`` consecutive partials merged at once.
+
+    The loads bypass L1: other programs wrote these partials during this launch.
+    """
     offs = tl.arange(0, COUNT_POW2)
     live = offs < count
-    m = tl.load(m_ptr + first + offs, mask=live, other=float("-inf"))
+    m = tl.load(m_ptr + first + offs, mask=live, other=float("-inf"), cache_modifier=".cg")
     m_max = tl.max(m, axis=0)
     scale = tl.exp2(m - tl.where(m_max == float("-inf"), 0.0, m_max))
-    l = tl.sum(tl.load(l_ptr + first + offs, mask=live, other=0.0) * scale, axis=0)
+    l = tl.sum(tl.load(l_ptr + first + offs, mask=live, other=0.0, cache_modifier=".cg") * scale, axis=0)
     acc = tl.load(acc_ptr + (first + offs)[:, None] * D_HEAD + offs_d[None, :],
-                  mask=live[:, None] & d_mask[None, :], other=0.0)
+                  mask=live[:, None] & d_mask[None, :], other=0.0, cache_modifier=".cg")
     return tl.sum(acc * scale[:, None], axis=0), m_max, l
 
 
 @triton.jit
-def gated_merge_kernel(
-    span_acc_ptr, span_m_ptr, span_l_ptr, win_acc_ptr, win_m_ptr, win_l_ptr, chosen_ptr, Out_ptr,
-    H_Q, N_CHUNKS, N_WCHUNKS,
+def _gated_merge(
+    span_acc_ptr, span_m_ptr, span_l_ptr, win_acc_ptr, win_m_ptr, win_l_ptr, chosen_ptr, Out_ptr, row,
+    N_CHUNKS, N_WCHUNKS,
     TOPK: tl.constexpr, TOPK_POW2: tl.constexpr, CHUNKS_POW2: tl.constexpr, WCHUNKS_POW2: tl.constexpr,
     D_HEAD: tl.constexpr, BLOCK_D: tl.constexpr,
 ):
-    head = tl.program_id(0).to(tl.int64)
-    batch = tl.program_id(1).to(tl.int64)
-    row = batch * H_Q + head
+    """Row ``row``'s output: the window merged once, each span's chunks on top of it, gate-weighted."""
     offs_d = tl.arange(0, BLOCK_D)
     d_mask = offs_d < D_HEAD
 
     # Gate: softmax of the chosen spans' scores; uniform when no span was chosen.
     slots = tl.arange(0, TOPK_POW2)
-    scores = tl.load(chosen_ptr + row * TOPK + slots, mask=slots < TOPK, other=float("-inf"))
+    scores = tl.load(chosen_ptr + row * TOPK + slots, mask=slots < TOPK, other=float("-inf"), cache_modifier=".cg")
     top = tl.max(scores, axis=0)
     any_chosen = top > float("-inf")
     weights = tl.where(any_chosen, tl.exp(scores - tl.where(any_chosen, top, 0.0)), 1.0)
@@ -319,7 +330,7 @@ def _multiprocessors(device: torch.device) -> int:
 
 def span_chunk_length(span_keys: int, spans: int, device: torch.device, block_k: int) -> int:
     """Keys per span program: enough programs to keep every multiprocessor busy a few times over."""
-    programs_wanted = 8 * _multiprocessors(device)
+    programs_wanted = 4 * _multiprocessors(device)
     chunk = triton.next_power_of_2(max(triton.cdiv(span_keys * spans, programs_wanted), 1))
     return max(min(chunk, 1024), 128, block_k)
 
@@ -374,17 +385,16 @@ def grouped_decode_attention(
     n_candidates = n_blocks * topk
     chunk = chunk or span_chunk_length(longest_span, batch * hq * topk, device, block_k)
     n_chunks = triton.cdiv(longest_span, chunk)
-    wchunk = WINDOW_CHUNK
-    n_wchunks = max(triton.cdiv(window, wchunk), 1)
-    span_parts = batch * hq * topk * n_chunks
-    window_parts = batch * hq * n_wchunks
+    n_wchunks = max(triton.cdiv(window, WINDOW_CHUNK), 1)
     rows = batch * hq
+    span_parts, window_parts = rows * topk * n_chunks, rows * n_wchunks
     work = torch.empty((span_parts + window_parts) * (dim + 2) + rows * (topk + n_candidates),
                        dtype=torch.float32, device=device)
     span_acc, span_m, span_l, win_acc, win_m, win_l, chosen, cand_score = work.split(
         [span_parts * dim, span_parts, span_parts, window_parts * dim, window_parts, window_parts,
          rows * topk, rows * n_candidates])
-    cand_stripe = torch.empty(rows * n_candidates, dtype=torch.int32, device=device)
+    counts = torch.empty(rows * (n_candidates + 1), dtype=torch.int32, device=device)
+    cand_stripe, counter = counts.split([rows * n_candidates, rows])
     out = torch.empty(batch, hq, 1, dim, dtype=q2.dtype, device=device)
 
     rep_pad = max(triton.next_power_of_2(rep), MIN_DOT.value)
@@ -395,23 +405,20 @@ def grouped_decode_attention(
     has_mask = attention_mask is not None
     upcast = device.type == "cpu" and q1.dtype == torch.bfloat16  # see _dot
     group_kernel[(n_blocks + n_wchunks, hkv, batch)](
-        q1, q2, k, v, offsets, decode_position, mask, cand_score, cand_stripe, win_acc, win_m, win_l,
+        q1, q2, k, v, offsets, decode_position, mask, cand_score, cand_stripe, win_acc, win_m, win_l, counter,
         q1.stride(0), q1.stride(1), q2.stride(0), q2.stride(1), *kv_strides,
-        hq, lkv, rep, window, last, n_stripes, n_blocks, n_candidates, n_wchunks, wchunk, qk_scale,
-        TOPK=topk, BLOCK_S=block_s, REP_PAD=rep_pad, D_HEAD=dim, BLOCK_D=block_d, WINDOW_BLOCK=WINDOW_BLOCK,
+        hq, lkv, rep, window, last, n_stripes, n_blocks, n_candidates, n_wchunks, WINDOW_CHUNK, qk_scale,
+        TOPK=topk, BLOCK_S=block_s, REP_PAD=rep_pad, D_HEAD=dim, BLOCK_D=block_d, WINDOW_BLOCK=WINDOW_CHUNK,
         HAS_MASK=has_mask, UPCAST=upcast, num_warps=4,
     )
-    span_partials_kernel[(hq * topk * n_chunks, batch)](
+    span_kernel[(hq * topk * n_chunks, batch)](
         q2, k, v, cand_score, cand_stripe, offsets, back_table, forward_table if has_forward else back_table, first,
-        decode_position, mask, span_acc, span_m, span_l, chosen, q2.stride(0), q2.stride(1), *kv_strides,
-        hq, lkv, rep, window, last, n_candidates, n_chunks, chunk, qk_scale,
-        TOPK=topk, CAND_POW2=triton.next_power_of_2(n_candidates), D_HEAD=dim, BLOCK_D=block_d, BLOCK_K=block_k,
-        HAS_MASK=has_mask, HAS_FORWARD=has_forward, FIRST_FROM_MASK=first_from_mask, UPCAST=upcast,
-        num_warps=num_warps, num_stages=num_stages,
-    )
-    gated_merge_kernel[(hq, batch)](
-        span_acc, span_m, span_l, win_acc, win_m, win_l, chosen, out, hq, n_chunks, n_wchunks,
-        TOPK=topk, TOPK_POW2=triton.next_power_of_2(topk), CHUNKS_POW2=triton.next_power_of_2(n_chunks),
-        WCHUNKS_POW2=triton.next_power_of_2(n_wchunks), D_HEAD=dim, BLOCK_D=block_d, num_warps=4,
+        decode_position, mask, span_acc, span_m, span_l, chosen, win_acc, win_m, win_l, counter, out,
+        q2.stride(0), q2.stride(1), *kv_strides,
+        hq, lkv, rep, window, last, n_candidates, n_chunks, chunk, n_wchunks, qk_scale,
+        TOPK=topk, TOPK_POW2=triton.next_power_of_2(topk), CAND_POW2=triton.next_power_of_2(n_candidates),
+        CHUNKS_POW2=triton.next_power_of_2(n_chunks), WCHUNKS_POW2=triton.next_power_of_2(n_wchunks),
+        D_HEAD=dim, BLOCK_D=block_d, BLOCK_K=block_k, HAS_MASK=has_mask, HAS_FORWARD=has_forward,
+        FIRST_FROM_MASK=first_from_mask, UPCAST=upcast, num_warps=num_warps, num_stages=num_stages,
     )
     return out
