@@ -1,9 +1,11 @@
 """Decode variants side by side on a GPU, in one run: the original-style 'staged' orchestration,
 'fused_search' (stripe search + top-k + spans in one Triton kernel), 'split_window' (that search,
-then chunked span/window attention merged with the gate), dense SDPA and the lower bound.
-Both variants are checked against the float64 reference first; decode is timed by replaying a CUDA
-graph (and eagerly at 1M); the fused variant's graph is replayed at five advancing positions and
-compared with eager calls.
+then chunked span/window attention merged with the gate), 'grouped' (stripe search and window once
+per KV group, tensor-core span chunks merged by the last program: two launches), dense SDPA and
+the lower bound. Every variant is checked against the float64 reference first; decode is timed by
+replaying a CUDA graph (and eagerly at 1M, also through the public API and its dispatcher); each
+variant's kernels are timed one by one with the PyTorch profiler; each variant's graph is replayed
+at five advancing positions and compared with eager calls.
 
 Run on a GPU:  PYTHONPATH=. python scripts/decode_compare.py --out decode.json
 """
@@ -13,9 +15,12 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+import statistics
 
 import torch
 
+from superlinear_ops import decode_span_attention_staged_gqa
+from superlinear_ops import dispatch
 from superlinear_ops.decode import DecodeSettings
 from superlinear_ops.problem import device_identity
 from superlinear_ops.registry import REGISTRY
@@ -23,7 +28,32 @@ from superlinear_ops.tuner.bench import lower_bound, sdpa_time
 from superlinear_ops.tuner.runner import ProblemBench, measure, run
 from superlinear_ops.tuner.workload import load
 
-VARIANTS = ("staged", "fused_search", "split_window")
+VARIANTS = ("staged", "fused_search", "split_window", "grouped")
+
+
+def kernel_times(call, device: torch.device, runs: int = 20) -> dict[str, float]:
+    """Median device milliseconds of each kernel launched by ``call`` (PyTorch profiler)."""
+    call()
+    torch.cuda.synchronize(device)
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
+        for _ in range(runs):
+            call()
+        torch.cuda.synchronize(device)
+    times: dict[str, list[float]] = {}
+    for event in prof.events():
+        if event.device_type == torch.autograd.DeviceType.CUDA:
+            times.setdefault(event.name[:60], []).append(event.device_time_total / 1e3)
+    return {name: statistics.median(t) for name, t in times.items()}
+
+
+def api_call(bench: ProblemBench):
+    """The public API on the bench's inputs: validation off, the dispatcher's choice."""
+    p, x = bench.problem, bench.inputs
+    bf, ff, sp = p.factors
+    return lambda: decode_span_attention_staged_gqa(  # noqa: E731
+        x.q1, x.q, x.k, x.v, x.cache_position, x.mask, p.sw_index, p.spans, backward_factor=bf,
+        forward_factor=ff, span_power=sp, **p.params.arguments,
+    )
 
 
 def graph_replay_matches_eager(bench: ProblemBench, name: str) -> float:
@@ -72,8 +102,13 @@ def main() -> None:
             config = variant.default(case.problem)
             row[f"{name}_error"] = bench.check(variant, config)
             row[f"{name}_graph_ms"] = bench.time_ms(variant, config)
+            call = lambda: run(variant, config, case.problem, bench.inputs)  # noqa: E731
+            row[f"{name}_kernels_ms"] = kernel_times(call, device)
             if case.label == "decode 1048576":
-                row[f"{name}_eager_ms"] = measure(lambda: run(variant, config, case.problem, bench.inputs), device)
+                row[f"{name}_eager_ms"] = measure(call, device)
+        if case.label == "decode 1048576":
+            row["api_eager_ms"] = measure(api_call(bench), device)
+            row["api_choice"] = dispatch.select(case.problem).variant.name
         row["sdpa_ms"], _ = sdpa_time(bench)
         row["lower_bound_ms"], row["bound_basis"] = lower_bound(case)
         rows.append(row)

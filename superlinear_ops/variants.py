@@ -130,9 +130,15 @@ def backward_default(problem: Problem) -> KernelConfig:
 
 
 def grouped_default(problem: Problem) -> KernelConfig:
-    """Heuristic grouped-decode configuration: 64-key tiles, 4 warps, 3 stages (best or within 1%
-    of the best at every model-M context in the H200 sweep, docs/benchmarks/h200-decode-sweep.json)."""
-    return KernelConfig(block_k=64, num_warps=4, num_stages=3)
+    """Heuristic grouped-decode configuration: 64-key tiles (32 past D = 128), 4 warps and the most
+    stages up to 3 that fit (64/4/3 was within 2% of the best at every model-M context in the
+    H200 sweep, docs/benchmarks/h200-decode-sweep.json)."""
+    block_k = 64 if problem.head_dim <= 128 else 32
+    for stages in (3, 2):
+        config = KernelConfig(block_k=block_k, num_warps=4, num_stages=stages)
+        if resource_check(2, problem, config) is None:
+            return config
+    return KernelConfig(block_k=block_k, num_warps=4, num_stages=1)
 
 
 def reference_default(problem: Problem) -> KernelConfig:

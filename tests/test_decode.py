@@ -156,3 +156,21 @@ def test_negative_decode_position_stays_in_bounds(name: str, gen: torch.Generato
     assert torch.isfinite(got).all() and torch.equal(got, expected)
     with pytest.raises(ValueError, match="cache_position"):
         run(case, (q1, q2, k, v, torch.tensor([-7]), mask), validate=True)
+
+
+@pytest.mark.parametrize("name", ["forward-factor-mask-holes", "static-cache-bigger-than-prefix"])
+def test_grouped_first_allowed_key_over_several_mask_slices(name: str, gen: torch.Generator, monkeypatch) -> None:
+    """The grouped variant finds each row's first allowed key from per-slice minima (slices dealt
+    over the KV groups); small slices make several, the first of them wholly masked."""
+    from superlinear_ops.kernels import decode_grouped
+
+    monkeypatch.setattr(decode_grouped, "MASK_SLICE", 16)
+    case = CASES[name]
+    q1, q2, k, v, cache_position, mask = make_decode_inputs(case, gen)
+    mask[:, :50] = False
+    mask[0, 50:70] = False  # rows start at different slices
+    inputs = (q1, q2, k, v, cache_position, mask)
+    settings = DecodeSettings(case.sw_index, case.topk, case.backward_factor, case.forward_factor, case.span_power,
+                              geometry.power_params(**case.power_kwargs()))
+    got = REGISTRY.get("staged_decode", "grouped").launch(*inputs, settings, KernelConfig(block_k=16))
+    assert_close(got, oracle(case, inputs), case.dtype)

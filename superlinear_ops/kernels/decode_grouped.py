@@ -30,10 +30,13 @@ import torch
 import triton
 import triton.language as tl
 
+from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
+
 from .common import LOG2E, window_bounds
 
 NO_STRIPE = tl.constexpr(2**31 - 1)  # candidate stripe index that loses every tie
 WINDOW_CHUNK = 64  # keys per window program (one tensor-core step: window programs finish early)
+MASK_SLICE = 4096  # mask entries per first-allowed-key program
 MIN_DOT = tl.constexpr(16)  # smallest tl.dot extent
 
 
@@ -178,14 +181,18 @@ def _window_chunk(
 @triton.jit
 def group_kernel(
     Q1_ptr, Q2_ptr, K_ptr, V_ptr, offsets_ptr, cache_pos_ptr, mask_ptr, cand_score_ptr, cand_stripe_ptr,
-    win_acc_ptr, win_m_ptr, win_l_ptr, counter_ptr,
+    win_acc_ptr, win_m_ptr, win_l_ptr, counter_ptr, first_ptr,
     stride_q1b, stride_q1h, stride_q2b, stride_q2h, stride_kb, stride_kh, stride_kl, stride_mb,
-    H_Q, L_KV, REP, WINDOW, LAST, N_STRIPES, N_BLOCKS, N_CANDIDATES, N_WCHUNKS, WCHUNK, qk_scale,
+    H_Q, L_KV, REP, WINDOW, LAST, N_STRIPES, N_BLOCKS, N_CANDIDATES, N_WCHUNKS, WCHUNK, N_SLICES, qk_scale,
     TOPK: tl.constexpr, BLOCK_S: tl.constexpr, REP_PAD: tl.constexpr, D_HEAD: tl.constexpr,
-    BLOCK_D: tl.constexpr, WINDOW_BLOCK: tl.constexpr, HAS_MASK: tl.constexpr, UPCAST: tl.constexpr,
+    BLOCK_D: tl.constexpr, WINDOW_BLOCK: tl.constexpr, SLICE: tl.constexpr, HAS_MASK: tl.constexpr,
+    UPCAST: tl.constexpr, PDL: tl.constexpr,
 ):
-    """Per (program, KV head, batch): a block of stripe candidates, or a chunk of the window.
+    """Per (program, KV head, batch): a block of stripe candidates, a chunk of the window, or (for
+    forward spans under a mask) the first allowed key of ``SLICE`` mask entries.
     Program 0 of each group also zeroes its heads' finished-program counters for ``span_kernel``."""
+    if PDL:
+        gdc_launch_dependents()  # span_kernel may start launching; it waits for this grid's results
     pid = tl.program_id(0)
     group = tl.program_id(1).to(tl.int64)
     batch = tl.program_id(2).to(tl.int64)
@@ -198,13 +205,20 @@ def group_kernel(
             stride_q1b, stride_q1h, stride_kb, stride_kh, stride_kl, stride_mb, H_Q, REP, WINDOW, N_STRIPES,
             N_CANDIDATES, TOPK, BLOCK_S, REP_PAD, D_HEAD, BLOCK_D, HAS_MASK, UPCAST,
         )
-    else:
+    elif pid < N_BLOCKS + N_WCHUNKS:
         _window_chunk(
             Q2_ptr, K_ptr, V_ptr, mask_ptr, win_acc_ptr, win_m_ptr, win_l_ptr, pid - N_BLOCKS, group, batch, pos,
             stride_q2b, stride_q2h, stride_kb, stride_kh, stride_kl, stride_mb,
             H_Q, REP, WINDOW, N_WCHUNKS, WCHUNK, qk_scale,
             REP_PAD, D_HEAD, BLOCK_D, WINDOW_BLOCK, HAS_MASK, UPCAST,
         )
+    else:  # slices are dealt round-robin over the groups; the grid holds these programs only when needed
+        piece = (pid - N_BLOCKS - N_WCHUNKS) * tl.num_programs(1) + group
+        keys = piece * SLICE + tl.arange(0, SLICE)
+        in_row = keys < L_KV
+        allowed = in_row & (tl.load(mask_ptr + batch * stride_mb + keys, mask=in_row, other=0) != 0)
+        tl.store(first_ptr + batch * N_SLICES + piece, tl.min(tl.where(allowed, keys, L_KV), axis=0),
+                 mask=piece < N_SLICES)
 
 
 @triton.jit
@@ -212,13 +226,18 @@ def span_kernel(
     Q2_ptr, K_ptr, V_ptr, cand_score_ptr, cand_stripe_ptr, offsets_ptr, back_ptr, forward_ptr, first_ptr,
     cache_pos_ptr, mask_ptr, acc_ptr, m_ptr, l_ptr, chosen_ptr, win_acc_ptr, win_m_ptr, win_l_ptr, counter_ptr,
     Out_ptr, stride_qb, stride_qh, stride_kb, stride_kh, stride_kl, stride_mb,
-    H_Q, L_KV, REP, WINDOW, LAST, N_CANDIDATES, N_CHUNKS, CHUNK, N_WCHUNKS, qk_scale,
+    H_Q, L_KV, REP, WINDOW, LAST, N_CANDIDATES, N_CHUNKS, CHUNK, N_WCHUNKS, N_SLICES, qk_scale,
     TOPK: tl.constexpr, TOPK_POW2: tl.constexpr, CAND_POW2: tl.constexpr, CHUNKS_POW2: tl.constexpr,
+    SLICES_POW2: tl.constexpr,
     WCHUNKS_POW2: tl.constexpr, D_HEAD: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_K: tl.constexpr,
     HAS_MASK: tl.constexpr, HAS_FORWARD: tl.constexpr, FIRST_FROM_MASK: tl.constexpr, UPCAST: tl.constexpr,
+    PDL: tl.constexpr,
 ):
     """Per (chunk, span slot, head; batch): the online softmax over one chunk of one span; the
-    head's last program to finish also merges the head's output."""
+    head's last program to finish also merges the head's output.
+
+    With ``PDL`` (programmatic dependent launch) it starts while ``group_kernel`` runs and waits
+    for that grid's results before its first read of them."""
     pid = tl.program_id(0)
     batch = tl.program_id(1).to(tl.int64)
     chunk = pid % N_CHUNKS
@@ -227,6 +246,8 @@ def span_kernel(
     head = (head_slot // TOPK).to(tl.int64)
     row = batch * H_Q + head
     pos = _decode_position(cache_pos_ptr, LAST, L_KV)
+    if PDL:
+        gdc_wait()
     score, stripe = _chosen_stripe(cand_score_ptr, cand_stripe_ptr, row, slot, N_CANDIDATES, TOPK, CAND_POW2)
     tl.store(chosen_ptr + row * TOPK + slot, score, mask=chunk == 0)
 
@@ -236,8 +257,10 @@ def span_kernel(
     lo = tl.maximum(anchor - tl.load(back_ptr + t), 0)
     hi = anchor
     if HAS_FORWARD:
-        if FIRST_FROM_MASK:
-            distance = tl.maximum(t - tl.load(first_ptr + batch), 0)
+        if FIRST_FROM_MASK:  # the first allowed key: min over the slices (0 when none, as argmax)
+            slices = tl.arange(0, SLICES_POW2)
+            first = tl.min(tl.load(first_ptr + batch * N_SLICES + slices, mask=slices < N_SLICES, other=L_KV), axis=0)
+            distance = tl.maximum(t - tl.where(first == L_KV, 0, first), 0)
         else:
             distance = t
         limit = tl.where(WINDOW > 0, pos - WINDOW, pos)
@@ -328,6 +351,12 @@ def _multiprocessors(device: torch.device) -> int:
     return torch.cuda.get_device_properties(device).multi_processor_count if device.type == "cuda" else 1
 
 
+@functools.lru_cache(maxsize=None)
+def dependent_launch(device: torch.device) -> bool:
+    """Whether ``span_kernel`` is launched programmatically dependent on ``group_kernel`` (sm_90+)."""
+    return device.type == "cuda" and torch.cuda.get_device_capability(device)[0] >= 9
+
+
 def span_chunk_length(span_keys: int, spans: int, device: torch.device, block_k: int) -> int:
     """Keys per span program: enough programs to keep every multiprocessor busy a few times over."""
     programs_wanted = 4 * _multiprocessors(device)
@@ -350,20 +379,24 @@ def grouped_decode_attention(
     longest_span: int,
     block_k: int = 64,
     num_warps: int = 4,
-    num_stages: int = 2,
+    num_stages: int = 3,
     chunk: int | None = None,
     block_s: int = 64,
+    pdl: bool | None = None,
 ) -> torch.Tensor:
     """Staged decode output [B, Hq, 1, D] (SPEC section 3) for validated inputs.
 
     ``decode_position`` holds the decode position in its last entry (any integer dtype);
     ``offsets`` are the stripe offsets, ``back_table``/``forward_table`` the span-length tables
     (forward None when the forward factor is 0); spans hold at most ``longest_span`` keys.
+    ``chunk`` (keys per span program) and ``pdl`` (programmatic dependent launch) default to
+    ``span_chunk_length`` and ``dependent_launch``.
     """
     batch, hq, _, dim = q1.shape
     hkv, lkv = k.shape[1], k.shape[2]
     rep = hq // hkv
     device = q1.device
+    block_k = max(block_k, MIN_DOT.value)  # a forced smaller block_k still compiles
     q1 = q1 if q1.stride(-1) == 1 else q1.contiguous()
     q2 = q2 if q2.stride(-1) == 1 else q2.contiguous()
     if k.stride(-1) != 1 or v.stride(-1) != 1 or k.stride() != v.stride():
@@ -372,13 +405,10 @@ def grouped_decode_attention(
         mask, mask_stride = k, 0  # never read
     else:
         mask = attention_mask.view(torch.uint8) if attention_mask.dtype == torch.bool else attention_mask
+        mask = mask if mask.stride(-1) == 1 else mask.contiguous()
         mask_stride = mask.stride(0)
-        if mask.stride(-1) != 1:
-            mask = mask.contiguous()
-            mask_stride = mask.stride(0)
     has_forward = forward_table is not None
     first_from_mask = has_forward and attention_mask is not None
-    first = (attention_mask[:, :lkv] != 0).to(torch.int8).argmax(dim=1) if first_from_mask else decode_position
 
     n_stripes = offsets.numel()
     n_blocks = triton.cdiv(n_stripes, block_s)
@@ -393,8 +423,9 @@ def grouped_decode_attention(
     span_acc, span_m, span_l, win_acc, win_m, win_l, chosen, cand_score = work.split(
         [span_parts * dim, span_parts, span_parts, window_parts * dim, window_parts, window_parts,
          rows * topk, rows * n_candidates])
-    counts = torch.empty(rows * (n_candidates + 1), dtype=torch.int32, device=device)
-    cand_stripe, counter = counts.split([rows * n_candidates, rows])
+    n_slices = triton.cdiv(lkv, MASK_SLICE) if first_from_mask else 1
+    counts = torch.empty(rows * (n_candidates + 1) + batch * n_slices, dtype=torch.int32, device=device)
+    cand_stripe, counter, first = counts.split([rows * n_candidates, rows, batch * n_slices])
     out = torch.empty(batch, hq, 1, dim, dtype=q2.dtype, device=device)
 
     rep_pad = max(triton.next_power_of_2(rep), MIN_DOT.value)
@@ -404,21 +435,25 @@ def grouped_decode_attention(
     qk_scale = LOG2E / math.sqrt(dim)
     has_mask = attention_mask is not None
     upcast = device.type == "cpu" and q1.dtype == torch.bfloat16  # see _dot
-    group_kernel[(n_blocks + n_wchunks, hkv, batch)](
-        q1, q2, k, v, offsets, decode_position, mask, cand_score, cand_stripe, win_acc, win_m, win_l, counter,
+    pdl = dependent_launch(device) if pdl is None else pdl
+    slice_programs = triton.cdiv(n_slices, hkv) if first_from_mask else 0
+    group_kernel[(n_blocks + n_wchunks + slice_programs, hkv, batch)](
+        q1, q2, k, v, offsets, decode_position, mask, cand_score, cand_stripe, win_acc, win_m, win_l, counter, first,
         q1.stride(0), q1.stride(1), q2.stride(0), q2.stride(1), *kv_strides,
-        hq, lkv, rep, window, last, n_stripes, n_blocks, n_candidates, n_wchunks, WINDOW_CHUNK, qk_scale,
+        hq, lkv, rep, window, last, n_stripes, n_blocks, n_candidates, n_wchunks, WINDOW_CHUNK, n_slices, qk_scale,
         TOPK=topk, BLOCK_S=block_s, REP_PAD=rep_pad, D_HEAD=dim, BLOCK_D=block_d, WINDOW_BLOCK=WINDOW_CHUNK,
-        HAS_MASK=has_mask, UPCAST=upcast, num_warps=4,
+        SLICE=MASK_SLICE, HAS_MASK=has_mask, UPCAST=upcast, PDL=pdl, num_warps=4,
     )
     span_kernel[(hq * topk * n_chunks, batch)](
         q2, k, v, cand_score, cand_stripe, offsets, back_table, forward_table if has_forward else back_table, first,
         decode_position, mask, span_acc, span_m, span_l, chosen, win_acc, win_m, win_l, counter, out,
         q2.stride(0), q2.stride(1), *kv_strides,
-        hq, lkv, rep, window, last, n_candidates, n_chunks, chunk, n_wchunks, qk_scale,
+        hq, lkv, rep, window, last, n_candidates, n_chunks, chunk, n_wchunks, n_slices, qk_scale,
         TOPK=topk, TOPK_POW2=triton.next_power_of_2(topk), CAND_POW2=triton.next_power_of_2(n_candidates),
+        SLICES_POW2=triton.next_power_of_2(n_slices),
         CHUNKS_POW2=triton.next_power_of_2(n_chunks), WCHUNKS_POW2=triton.next_power_of_2(n_wchunks),
         D_HEAD=dim, BLOCK_D=block_d, BLOCK_K=block_k, HAS_MASK=has_mask, HAS_FORWARD=has_forward,
-        FIRST_FROM_MASK=first_from_mask, UPCAST=upcast, num_warps=num_warps, num_stages=num_stages,
+        FIRST_FROM_MASK=first_from_mask, UPCAST=upcast, PDL=pdl, num_warps=num_warps, num_stages=num_stages,
+        launch_pdl=pdl,
     )
     return out
