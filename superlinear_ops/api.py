@@ -138,7 +138,10 @@ def decode_span_attention_staged_gqa(
             Q2, K, V, torch.zeros_like(qend), qend, last, attention_mask, 0, None, 2, block_k
         )
         return out[:, :, :, 0]
-    return library.staged_decode(
+    # Under torch.compile the custom op (with its fake implementation) is traced; eagerly its
+    # implementation runs directly, without the custom-op wrapper's host overhead.
+    op = library.staged_decode if torch.compiler.is_compiling() else library.staged_decode_eager
+    return op(
         Q1, Q2, K, V, cache_position, attention_mask, sw_index, topk, backward_factor, forward_factor,
         span_power, search_power, inv_search_power_int, block_k,
     )

@@ -118,8 +118,7 @@ torch.library.register_autograd(
 )
 
 
-@torch.library.custom_op(f"{NAMESPACE}::staged_decode", mutates_args=())
-def staged_decode(
+def staged_decode_eager(
     q1: Tensor,
     q2: Tensor,
     k: Tensor,
@@ -137,8 +136,10 @@ def staged_decode(
 ) -> Tensor:
     """Staged decode [B, Hq, 1, D] by the dispatcher's decode variant (block_k 0: choose).
 
-    Only the last cache position matters; every variant treats a negative one (which only
-    ``validate=True`` rejects) as 0, so that it can never index outside the geometry tables.
+    This is the op's implementation; eager callers may call it directly (no autograd to record:
+    decode has no backward), skipping the custom-op wrapper's host overhead. Only the last cache
+    position matters; every variant treats a negative one (which only ``validate=True`` rejects)
+    as 0, so that it can never index outside the geometry tables.
     """
     params = _settings(search_power, inv_search_power_int)
     factors = (backward_factor, forward_factor, span_power)
@@ -146,6 +147,9 @@ def staged_decode(
     choice = dispatch.select(problem, block_k or None)
     settings = DecodeSettings(sw_index, topk, backward_factor, forward_factor, span_power, params)
     return choice.variant.launch(q1, q2, k, v, cache_position, attention_mask, settings, choice.config)
+
+
+staged_decode = torch.library.custom_op(f"{NAMESPACE}::staged_decode", staged_decode_eager, mutates_args=())
 
 
 @staged_decode.register_fake

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import functools
 import math
+from typing import NamedTuple
 
 import torch
 import triton
@@ -357,11 +358,60 @@ def dependent_launch(device: torch.device) -> bool:
     return device.type == "cuda" and torch.cuda.get_device_capability(device)[0] >= 9
 
 
-def span_chunk_length(span_keys: int, spans: int, device: torch.device, block_k: int) -> int:
+def _cdiv(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+def _pow2(n: int) -> int:
+    return 1 << max(n - 1, 0).bit_length()
+
+
+def span_chunk_length(span_keys: int, spans: int, multiprocessors: int, block_k: int) -> int:
     """Keys per span program: enough programs to keep every multiprocessor busy a few times over."""
-    programs_wanted = 4 * _multiprocessors(device)
-    chunk = triton.next_power_of_2(max(triton.cdiv(span_keys * spans, programs_wanted), 1))
+    chunk = _pow2(max(_cdiv(span_keys * spans, 4 * multiprocessors), 1))
     return max(min(chunk, 1024), 128, block_k)
+
+
+class LaunchPlan(NamedTuple):
+    """Everything a grouped decode launch derives from shapes and settings (cached per shape)."""
+
+    rep: int
+    rep_pad: int
+    block_d: int
+    n_blocks: int
+    n_candidates: int
+    chunk: int
+    n_chunks: int
+    n_wchunks: int
+    n_slices: int
+    slice_programs: int
+    work_sizes: tuple[int, ...]  # span acc, m, l; window acc, m, l; chosen scores; candidate scores
+    count_sizes: tuple[int, ...]  # candidate stripes, finished-program counters, mask-slice minima
+
+
+@functools.lru_cache(maxsize=1024)
+def launch_plan(
+    batch: int, hq: int, hkv: int, lkv: int, dim: int, topk: int, window: int, n_stripes: int,
+    longest_span: int, block_k: int, chunk: int | None, block_s: int, first_from_mask: bool, mask_slice: int,
+    multiprocessors: int,
+) -> LaunchPlan:
+    """The grids and buffer sizes of one grouped decode shape."""
+    n_blocks = _cdiv(n_stripes, block_s)
+    n_candidates = n_blocks * topk
+    chunk = chunk or span_chunk_length(longest_span, batch * hq * topk, multiprocessors, block_k)
+    n_chunks = _cdiv(longest_span, chunk)
+    n_wchunks = max(_cdiv(window, WINDOW_CHUNK), 1)
+    n_slices = _cdiv(lkv, mask_slice) if first_from_mask else 1
+    rows = batch * hq
+    span_parts, window_parts = rows * topk * n_chunks, rows * n_wchunks
+    return LaunchPlan(
+        rep=hq // hkv, rep_pad=max(_pow2(hq // hkv), MIN_DOT.value), block_d=max(_pow2(dim), MIN_DOT.value),
+        n_blocks=n_blocks, n_candidates=n_candidates, chunk=chunk, n_chunks=n_chunks, n_wchunks=n_wchunks,
+        n_slices=n_slices, slice_programs=_cdiv(n_slices, hkv) if first_from_mask else 0,
+        work_sizes=(span_parts * dim, span_parts, span_parts, window_parts * dim, window_parts, window_parts,
+                    rows * topk, rows * n_candidates),
+        count_sizes=(rows * n_candidates, rows, batch * n_slices),
+    )
 
 
 def grouped_decode_attention(
@@ -394,7 +444,6 @@ def grouped_decode_attention(
     """
     batch, hq, _, dim = q1.shape
     hkv, lkv = k.shape[1], k.shape[2]
-    rep = hq // hkv
     device = q1.device
     block_k = max(block_k, MIN_DOT.value)  # a forced smaller block_k still compiles
     q1 = q1 if q1.stride(-1) == 1 else q1.contiguous()
@@ -410,49 +459,37 @@ def grouped_decode_attention(
     has_forward = forward_table is not None
     first_from_mask = has_forward and attention_mask is not None
 
-    n_stripes = offsets.numel()
-    n_blocks = triton.cdiv(n_stripes, block_s)
-    n_candidates = n_blocks * topk
-    chunk = chunk or span_chunk_length(longest_span, batch * hq * topk, device, block_k)
-    n_chunks = triton.cdiv(longest_span, chunk)
-    n_wchunks = max(triton.cdiv(window, WINDOW_CHUNK), 1)
-    rows = batch * hq
-    span_parts, window_parts = rows * topk * n_chunks, rows * n_wchunks
-    work = torch.empty((span_parts + window_parts) * (dim + 2) + rows * (topk + n_candidates),
-                       dtype=torch.float32, device=device)
-    span_acc, span_m, span_l, win_acc, win_m, win_l, chosen, cand_score = work.split(
-        [span_parts * dim, span_parts, span_parts, window_parts * dim, window_parts, window_parts,
-         rows * topk, rows * n_candidates])
-    n_slices = triton.cdiv(lkv, MASK_SLICE) if first_from_mask else 1
-    counts = torch.empty(rows * (n_candidates + 1) + batch * n_slices, dtype=torch.int32, device=device)
-    cand_stripe, counter, first = counts.split([rows * n_candidates, rows, batch * n_slices])
+    plan = launch_plan(batch, hq, hkv, lkv, dim, topk, window, offsets.numel(), longest_span, block_k, chunk,
+                       block_s, first_from_mask, MASK_SLICE, _multiprocessors(device))
+    work = torch.empty(sum(plan.work_sizes), dtype=torch.float32, device=device)
+    span_acc, span_m, span_l, win_acc, win_m, win_l, chosen, cand_score = work.split_with_sizes(plan.work_sizes)
+    counts = torch.empty(sum(plan.count_sizes), dtype=torch.int32, device=device)
+    cand_stripe, counter, first = counts.split_with_sizes(plan.count_sizes)
     out = torch.empty(batch, hq, 1, dim, dtype=q2.dtype, device=device)
 
-    rep_pad = max(triton.next_power_of_2(rep), MIN_DOT.value)
-    block_d = max(triton.next_power_of_2(dim), MIN_DOT.value)
     last = decode_position.numel() - 1
     kv_strides = (k.stride(0), k.stride(1), k.stride(2), mask_stride)
     qk_scale = LOG2E / math.sqrt(dim)
     has_mask = attention_mask is not None
     upcast = device.type == "cpu" and q1.dtype == torch.bfloat16  # see _dot
     pdl = dependent_launch(device) if pdl is None else pdl
-    slice_programs = triton.cdiv(n_slices, hkv) if first_from_mask else 0
-    group_kernel[(n_blocks + n_wchunks + slice_programs, hkv, batch)](
+    group_kernel[(plan.n_blocks + plan.n_wchunks + plan.slice_programs, hkv, batch)](
         q1, q2, k, v, offsets, decode_position, mask, cand_score, cand_stripe, win_acc, win_m, win_l, counter, first,
         q1.stride(0), q1.stride(1), q2.stride(0), q2.stride(1), *kv_strides,
-        hq, lkv, rep, window, last, n_stripes, n_blocks, n_candidates, n_wchunks, WINDOW_CHUNK, n_slices, qk_scale,
-        TOPK=topk, BLOCK_S=block_s, REP_PAD=rep_pad, D_HEAD=dim, BLOCK_D=block_d, WINDOW_BLOCK=WINDOW_CHUNK,
+        hq, lkv, plan.rep, window, last, offsets.numel(), plan.n_blocks, plan.n_candidates, plan.n_wchunks,
+        WINDOW_CHUNK, plan.n_slices, qk_scale,
+        TOPK=topk, BLOCK_S=block_s, REP_PAD=plan.rep_pad, D_HEAD=dim, BLOCK_D=plan.block_d, WINDOW_BLOCK=WINDOW_CHUNK,
         SLICE=MASK_SLICE, HAS_MASK=has_mask, UPCAST=upcast, PDL=pdl, num_warps=4,
     )
-    span_kernel[(hq * topk * n_chunks, batch)](
+    span_kernel[(hq * topk * plan.n_chunks, batch)](
         q2, k, v, cand_score, cand_stripe, offsets, back_table, forward_table if has_forward else back_table, first,
         decode_position, mask, span_acc, span_m, span_l, chosen, win_acc, win_m, win_l, counter, out,
         q2.stride(0), q2.stride(1), *kv_strides,
-        hq, lkv, rep, window, last, n_candidates, n_chunks, chunk, n_wchunks, n_slices, qk_scale,
-        TOPK=topk, TOPK_POW2=triton.next_power_of_2(topk), CAND_POW2=triton.next_power_of_2(n_candidates),
-        SLICES_POW2=triton.next_power_of_2(n_slices),
-        CHUNKS_POW2=triton.next_power_of_2(n_chunks), WCHUNKS_POW2=triton.next_power_of_2(n_wchunks),
-        D_HEAD=dim, BLOCK_D=block_d, BLOCK_K=block_k, HAS_MASK=has_mask, HAS_FORWARD=has_forward,
+        hq, lkv, plan.rep, window, last, plan.n_candidates, plan.n_chunks, plan.chunk, plan.n_wchunks,
+        plan.n_slices, qk_scale,
+        TOPK=topk, TOPK_POW2=_pow2(topk), CAND_POW2=_pow2(plan.n_candidates), SLICES_POW2=_pow2(plan.n_slices),
+        CHUNKS_POW2=_pow2(plan.n_chunks), WCHUNKS_POW2=_pow2(plan.n_wchunks),
+        D_HEAD=dim, BLOCK_D=plan.block_d, BLOCK_K=block_k, HAS_MASK=has_mask, HAS_FORWARD=has_forward,
         FIRST_FROM_MASK=first_from_mask, UPCAST=upcast, PDL=pdl, num_warps=num_warps, num_stages=num_stages,
         launch_pdl=pdl,
     )
