@@ -19,14 +19,13 @@ import statistics
 
 import torch
 
-from superlinear_ops import decode_span_attention_staged_gqa
-from superlinear_ops import dispatch
+from superlinear_ops import decode_span_attention_staged_gqa, dispatch
 from superlinear_ops.decode import DecodeSettings
 from superlinear_ops.problem import device_identity
 from superlinear_ops.registry import REGISTRY
 from superlinear_ops.tuner.bench import lower_bound, sdpa_time
 from superlinear_ops.tuner.runner import ProblemBench, measure, run
-from superlinear_ops.tuner.workload import load
+from superlinear_ops.tuner.workload import Case, load
 
 VARIANTS = ("staged", "fused_search", "split_window", "grouped")
 
@@ -84,15 +83,20 @@ def graph_replay_matches_eager(bench: ProblemBench, name: str) -> float:
     return worst
 
 
+def decode_cases(device: torch.device) -> list[Case]:
+    """Model M's decode problems, and B = 4 at 256K."""
+    workload = load("tuning/superlinear-exp-v0.1.yaml")
+    cases = [c for c in workload.cases(device_identity(device)) if c.problem.op == "staged_decode"]
+    b4 = next(c for c in cases if c.label == "decode 262144")
+    return [*cases, dataclasses.replace(b4, label="decode 262144, B=4", problem=b4.problem._replace(batch=4))]
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--out", default="decode_compare.json")
     args = parser.parse_args()
     device = torch.device("cuda")
-    workload = load("tuning/superlinear-exp-v0.1.yaml")
-    cases = [c for c in workload.cases(device_identity(device)) if c.problem.op == "staged_decode"]
-    b4 = next(c for c in cases if c.label == "decode 262144")
-    cases.append(dataclasses.replace(b4, label="decode 262144, B=4", problem=b4.problem._replace(batch=4)))
+    cases = decode_cases(device)
     rows = []
     for case in cases:
         bench = ProblemBench(case, device, seed=0)

@@ -9,21 +9,18 @@ Run on a GPU:  PYTHONPATH=. python scripts/decode_sweep.py --out sweep.json
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import itertools
 import json
 
 import torch
-from decode_compare import kernel_times
+from decode_compare import decode_cases, kernel_times
 
 from superlinear_ops.decode import DecodeSettings
 from superlinear_ops.decode_tables import decode_tables
 from superlinear_ops.kernels.decode_grouped import grouped_decode_attention
-from superlinear_ops.problem import device_identity
 from superlinear_ops.registry import REGISTRY
 from superlinear_ops.tuner.bench import lower_bound, sdpa_time
 from superlinear_ops.tuner.runner import ProblemBench, measure
-from superlinear_ops.tuner.workload import load
 
 CHUNKS = (None, 512, 1024, 2048)  # None: the heuristic chunk length
 LAUNCHES = ((64, 4, 3), (64, 4, 2), (128, 4, 2), (32, 4, 3))  # (block_k, num_warps, num_stages)
@@ -48,10 +45,7 @@ def main() -> None:
     parser.add_argument("--out", default="decode_sweep.json")
     args = parser.parse_args()
     device = torch.device("cuda")
-    workload = load("tuning/superlinear-exp-v0.1.yaml")
-    cases = [c for c in workload.cases(device_identity(device)) if c.problem.op == "staged_decode"]
-    b4 = next(c for c in cases if c.label == "decode 262144")
-    cases.append(dataclasses.replace(b4, label="decode 262144, B=4", problem=b4.problem._replace(batch=4)))
+    cases = decode_cases(device)
     grouped = REGISTRY.get("staged_decode", "grouped")
     rows = []
     for case in cases:

@@ -15,10 +15,10 @@ import torch
 
 from superlinear_ops import decode_span_attention_staged_gqa
 from superlinear_ops.decode import DecodeSettings
+from superlinear_ops.problem import device_identity
 from superlinear_ops.registry import REGISTRY
 from superlinear_ops.tuner.runner import ProblemBench
 from superlinear_ops.tuner.workload import load
-from superlinear_ops.problem import device_identity
 
 
 def host_us(call, runs: int = 200) -> float:

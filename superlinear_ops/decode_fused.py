@@ -8,8 +8,8 @@ from __future__ import annotations
 
 import torch
 
-from . import geometry
 from .decode import DecodeSettings, SpanForward
+from .decode_tables import decode_tables
 from .kernels.launch import LaunchGeometry
 
 
@@ -34,13 +34,10 @@ def fused_search_decode(
     """Staged decode with steps 1-3 in one Triton kernel (``kernels.decode_search``)."""
     from .kernels.decode_search import stripe_search  # imports Triton on first use only
 
-    lkv, device, window = k.shape[2], q1.device, settings.window
-    offsets = geometry.stripe_offsets_tensor(lkv, settings.sw_index, settings.params, device)
-    back = geometry.span_length_table(settings.backward_factor, settings.span_power, lkv, device)
-    forward = None
-    if settings.forward_factor > 0:
-        forward = geometry.span_length_table(settings.forward_factor, settings.span_power, lkv, device)
-    qstart, qend, scores = stripe_search(q1, k, offsets, cache_position, attention_mask, back, forward, window, settings.topk)
+    tables, window = decode_tables(k.shape[2], settings, q1.device), settings.window
+    qstart, qend, scores = stripe_search(
+        q1, k, tables.offsets, cache_position, attention_mask, tables.back, tables.forward, window, settings.topk
+    )
     geo = LaunchGeometry.prepare(q2, k, v, qstart, qend, cache_position[-1:], attention_mask, window)
     span_out, _ = span_forward(geo)
     return gate_and_combine(scores, span_out, q2.dtype)

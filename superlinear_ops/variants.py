@@ -246,13 +246,14 @@ REGISTRY.register(Variant(
     space=FORWARD_SPACE, reasons=triton_reasons, compile_check=partial(resource_check, 2), default=forward_default,
     priority=2,
     description="stripe scores, top-k and spans in one Triton kernel, then the per-(query, span) forward",
-    source_files=("decode.py", "decode_fused.py", "kernels/decode_search.py", "kernels/span_forward.py", *KERNEL_FILES),
+    source_files=("decode.py", "decode_tables.py", "decode_fused.py", "kernels/decode_search.py", "kernels/span_forward.py",
+                  *KERNEL_FILES),
 ))
 REGISTRY.register(Variant(
     op=STAGED_DECODE, name="split_window", launch=position_clamped(split_window_decode), space=FORWARD_SPACE,
     reasons=triton_reasons, compile_check=partial(resource_check, 2), default=forward_default, priority=1,
     description="fused stripe search, then span/window attention in 256-key chunks merged once per head with the gate",
-    source_files=("decode.py", "decode_split.py", "kernels/decode_search.py", "kernels/decode_split.py",
+    source_files=("decode.py", "decode_tables.py", "decode_split.py", "kernels/decode_search.py", "kernels/decode_split.py",
                   "kernels/span_forward.py", *KERNEL_FILES),
 ))
 REGISTRY.register(Variant(

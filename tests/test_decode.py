@@ -54,6 +54,7 @@ CASES = {
     "topk-larger-than-stripes": DecodeCase(lkv=40, pos=39, sw_index=2, topk=6),
     "bf16-rep4": DecodeCase(dtype=torch.bfloat16, hq=8, hkv=2, forward_factor=0.5),
     "mha-fp16-no-window": DecodeCase(dtype=torch.float16, hq=2, hkv=2, sw_index=0),
+    "window-over-several-chunks": DecodeCase(sw_index=9, lkv=400, pos=380, forward_factor=1.0),  # W = 99
 }
 
 
