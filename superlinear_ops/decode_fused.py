@@ -9,7 +9,7 @@ from __future__ import annotations
 import torch
 
 from .decode import DecodeSettings, SpanForward
-from .decode_tables import decode_tables
+from .decode_tables import DecodeTables, decode_tables
 from .kernels.launch import LaunchGeometry
 
 
@@ -19,6 +19,24 @@ def gate_and_combine(scores: torch.Tensor, span_out: torch.Tensor, dtype: torch.
     any_chosen = (scores > float("-inf")).any(dim=-1, keepdim=True)
     gate = torch.softmax(torch.where(any_chosen, scores, torch.zeros_like(scores)), dim=-1)
     return (gate[:, :, None, :, None] * span_out.float()).sum(dim=3).to(dtype)
+
+
+def search_spans(
+    q1: torch.Tensor,
+    k: torch.Tensor,
+    cache_position: torch.Tensor,
+    attention_mask: torch.Tensor | None,
+    settings: DecodeSettings,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, DecodeTables]:
+    """Steps 1-3 in one Triton kernel: (qstart, qend [B, Hq, 1, topk], chosen scores [B, Hq, topk], tables)."""
+    from .kernels.decode_search import stripe_search  # imports Triton on first use only
+
+    tables = decode_tables(k.shape[2], settings, q1.device)
+    qstart, qend, scores = stripe_search(
+        q1, k, tables.offsets, cache_position, attention_mask, tables.back, tables.forward, settings.window,
+        settings.topk,
+    )
+    return qstart, qend, scores, tables
 
 
 def fused_search_decode(
@@ -32,12 +50,7 @@ def fused_search_decode(
     span_forward: SpanForward,
 ) -> torch.Tensor:
     """Staged decode with steps 1-3 in one Triton kernel (``kernels.decode_search``)."""
-    from .kernels.decode_search import stripe_search  # imports Triton on first use only
-
-    tables, window = decode_tables(k.shape[2], settings, q1.device), settings.window
-    qstart, qend, scores = stripe_search(
-        q1, k, tables.offsets, cache_position, attention_mask, tables.back, tables.forward, window, settings.topk
-    )
-    geo = LaunchGeometry.prepare(q2, k, v, qstart, qend, cache_position[-1:], attention_mask, window)
+    qstart, qend, scores, _ = search_spans(q1, k, cache_position, attention_mask, settings)
+    geo = LaunchGeometry.prepare(q2, k, v, qstart, qend, cache_position[-1:], attention_mask, settings.window)
     span_out, _ = span_forward(geo)
     return gate_and_combine(scores, span_out, q2.dtype)

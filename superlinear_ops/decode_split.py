@@ -6,7 +6,7 @@ from __future__ import annotations
 import torch
 
 from .decode import DecodeSettings
-from .decode_tables import decode_tables
+from .decode_fused import search_spans
 from .kernels.launch import KernelConfig
 
 
@@ -21,14 +21,10 @@ def split_window_decode(
     config: KernelConfig,
 ) -> torch.Tensor:
     """Decode output [B, Hq, 1, D] for validated inputs."""
-    from .kernels.decode_search import stripe_search  # import Triton on first use only
-    from .kernels.decode_split import split_decode_attention
+    from .kernels.decode_split import split_decode_attention  # imports Triton on first use only
 
-    tables, window = decode_tables(k.shape[2], settings, q1.device), settings.window
-    qstart, qend, scores = stripe_search(
-        q1, k, tables.offsets, cache_position, attention_mask, tables.back, tables.forward, window, settings.topk
-    )
+    qstart, qend, scores, tables = search_spans(q1, k, cache_position, attention_mask, settings)
     return split_decode_attention(
-        q2, k, v, qstart, qend, cache_position[-1:], attention_mask, window, scores, tables.longest_span,
+        q2, k, v, qstart, qend, cache_position[-1:], attention_mask, settings.window, scores, tables.longest_span,
         block_k=config.block_k, num_warps=config.num_warps, num_stages=config.num_stages,
     )

@@ -131,7 +131,7 @@ def backward_default(problem: Problem) -> KernelConfig:
 
 def grouped_default(problem: Problem) -> KernelConfig:
     """Heuristic grouped-decode configuration: 64-key tiles (32 past D = 128), 4 warps and the most
-    stages up to 3 that fit (64/4/3 was within 2% of the best at every model-M context in the
+    stages up to 3 that fit (64/4/3 was within 4% of the best at every model-M context in the
     H200 sweep, docs/benchmarks/h200-decode-sweep.json)."""
     block_k = 64 if problem.head_dim <= 128 else 32
     for stages in (3, 2):
@@ -253,8 +253,8 @@ REGISTRY.register(Variant(
     op=STAGED_DECODE, name="split_window", launch=position_clamped(split_window_decode), space=FORWARD_SPACE,
     reasons=triton_reasons, compile_check=partial(resource_check, 2), default=forward_default, priority=1,
     description="fused stripe search, then span/window attention in 256-key chunks merged once per head with the gate",
-    source_files=("decode.py", "decode_tables.py", "decode_split.py", "kernels/decode_search.py", "kernels/decode_split.py",
-                  "kernels/span_forward.py", *KERNEL_FILES),
+    source_files=("decode.py", "decode_tables.py", "decode_fused.py", "decode_split.py", "kernels/decode_search.py",
+                  "kernels/decode_split.py", "kernels/span_forward.py", *KERNEL_FILES),
 ))
 REGISTRY.register(Variant(
     op=STAGED_DECODE, name="grouped", launch=grouped_decode, space=FORWARD_SPACE, reasons=grouped_reasons,
