@@ -4,6 +4,7 @@ heuristic default always measured, no configuration benchmarked twice, resumable
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import time
 import warnings
@@ -15,6 +16,7 @@ from optuna.trial import TrialState
 from sqlalchemy.exc import IntegrityError, OperationalError
 
 from ..buckets import ProblemKey
+from ..cache.provenance import kernel_hash
 from ..kernels.launch import KernelConfig
 from ..problem import Problem
 from ..registry import REGISTRY, Variant
@@ -79,9 +81,19 @@ def make_sampler(settings: SearchSettings) -> optuna.samplers.BaseSampler:
         return optuna.samplers.BruteForceSampler(seed=settings.seed)
 
 
+def space_fingerprint(op: str) -> str:
+    """8 hex digits naming the op's searchable variants as they are now (names, spaces, kernel sources)."""
+    digest = hashlib.sha256()
+    for variant in REGISTRY.variants(op):
+        if variant.space:
+            digest.update(f"{variant.name}:{kernel_hash(op, variant.name)}:{variant.space};".encode())
+    return digest.hexdigest()[:8]
+
+
 def study_name(key: ProblemKey, settings: SearchSettings) -> str:
-    """One study per key (and sampler, so exhaustive and TPE sweeps of a key stay apart)."""
-    return f"{key.text()}#{settings.sampler}"
+    """One study per key and sampler (exhaustive and TPE sweeps of a key stay apart) and per search
+    space: a changed kernel or a new variant starts a fresh study instead of resuming stale trials."""
+    return f"{key.text()}#{settings.sampler}#{space_fingerprint(key.op)}"
 
 
 def open_study(storage, key: ProblemKey, settings: SearchSettings, retries: int = 8) -> optuna.Study:
