@@ -12,13 +12,10 @@ import pstats
 import time
 
 import torch
+from decode_compare import api_call, decode_cases
 
-from superlinear_ops import decode_span_attention_staged_gqa
-from superlinear_ops.decode import DecodeSettings
-from superlinear_ops.problem import device_identity
 from superlinear_ops.registry import REGISTRY
-from superlinear_ops.tuner.runner import ProblemBench
-from superlinear_ops.tuner.workload import load
+from superlinear_ops.tuner.runner import ProblemBench, run
 
 
 def host_us(call, runs: int = 200) -> float:
@@ -39,23 +36,15 @@ def main() -> None:
     parser.add_argument("--context", type=int, default=1048576)
     args = parser.parse_args()
     device = torch.device("cuda")
-    workload = load("tuning/superlinear-exp-v0.1.yaml")
-    case = next(c for c in workload.cases(device_identity(device))
-                if c.problem.op == "staged_decode" and c.problem.keys == args.context and c.cache_fill is None)
+    case = next(c for c in decode_cases(device)
+                if c.problem.keys == args.context and c.cache_fill is None and c.problem.batch == 1)
     bench = ProblemBench(case, device, seed=0)
-    p, x = bench.problem, bench.inputs
-    bf, ff, sp = p.factors
     variant = REGISTRY.get("staged_decode", "grouped")
-    config = variant.default(p)
-    settings = DecodeSettings(p.sw_index, p.spans, bf, ff, sp, p.params)
-
-    def api():
-        return decode_span_attention_staged_gqa(x.q1, x.q, x.k, x.v, x.cache_position, x.mask, p.sw_index, p.spans,
-                                                backward_factor=bf, forward_factor=ff, span_power=sp,
-                                                **p.params.arguments)
+    config = variant.default(bench.problem)
+    api = api_call(bench)
 
     def launcher():
-        return variant.launch(x.q1, x.q, x.k, x.v, x.cache_position, x.mask, settings, config)
+        return run(variant, config, bench.problem, bench.inputs)
 
     for call in (api, launcher):
         call()
