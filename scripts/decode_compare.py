@@ -20,14 +20,14 @@ import statistics
 import torch
 
 from superlinear_ops import decode_span_attention_staged_gqa, dispatch
-from superlinear_ops.decode import DecodeSettings
+from superlinear_ops.decode.settings import DecodeSettings
 from superlinear_ops.problem import device_identity
 from superlinear_ops.registry import REGISTRY
 from superlinear_ops.tuner.bench import lower_bound, sdpa_time
 from superlinear_ops.tuner.runner import ProblemBench, measure, run
 from superlinear_ops.tuner.workload import Case, load
 
-VARIANTS = ("staged", "fused_search", "split_window", "grouped")
+VARIANTS = ("staged", "split_window", "grouped")
 
 
 def kernel_times(call, device: torch.device, runs: int = 20) -> dict[str, float]:

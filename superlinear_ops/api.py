@@ -10,8 +10,8 @@ from __future__ import annotations
 
 import torch
 
-from . import geometry, library, validation
-from .kernels.launch import KernelConfig
+from . import geometry, torch_ops, validation
+from .kernels.launch import check_block_k
 
 FORCE_MODES = (None, "sdpa", "span")
 
@@ -20,8 +20,7 @@ def _checked_block_k(block_k: int | None) -> int:
     """block_k as the ops take it: 0 lets the dispatcher choose."""
     if block_k is None:
         return 0
-    KernelConfig(block_k=block_k)  # raises ValueError naming block_k when it is unusable
-    return block_k
+    return check_block_k(block_k)
 
 
 def fused_span_attention_gqa(
@@ -58,7 +57,7 @@ def fused_span_attention_gqa(
             sw_index, search_power=search_power, inv_search_power_int=inv_search_power_int
         )
         validation.check_span_contract(qstart, qend, cache_position, K.shape[2], window)
-    out, _ = library.span_forward(
+    out, _ = torch_ops.span_forward(
         Q2, K, V, qstart, qend, cache_position, attention_mask, sw_index, search_power, inv_search_power_int, block_k
     )
     return out
@@ -134,13 +133,13 @@ def decode_span_attention_staged_gqa(
         batch, hq = Q2.shape[:2]
         last = cache_position[-1:].to(torch.int64)
         qend = last.view(1, 1, 1, 1).expand(batch, hq, 1, 1)
-        out, _ = library.span_forward(
+        out, _ = torch_ops.span_forward(
             Q2, K, V, torch.zeros_like(qend), qend, last, attention_mask, 0, None, 2, block_k
         )
         return out[:, :, :, 0]
     # Under torch.compile the custom op (with its fake implementation) is traced; eagerly its
     # implementation runs directly, without the custom-op wrapper's host overhead.
-    op = library.staged_decode if torch.compiler.is_compiling() else library.staged_decode_eager
+    op = torch_ops.staged_decode if torch.compiler.is_compiling() else torch_ops.staged_decode_eager
     return op(
         Q1, Q2, K, V, cache_position, attention_mask, sw_index, topk, backward_factor, forward_factor,
         span_power, search_power, inv_search_power_int, block_k,

@@ -32,24 +32,20 @@ def query_bucket(queries: int) -> int:
     return next_power_of_two(queries)
 
 
-class ProblemKey(NamedTuple):
+# The key's fields are the problem's, with the device identity flattened to its name and arch
+# (one field list: the store's columns derive from it too). Types are given as their names.
+KEY_FIELD_TYPES: dict[str, str] = {
+    **{name: getattr(kind, "__forward_arg__", kind) for name, kind in Problem.__annotations__.items() if name != "device"},
+    "device": "str",
+    "arch": "str",
+}
+_KeyFields = NamedTuple("_KeyFields", list(KEY_FIELD_TYPES.items()))
+
+
+class ProblemKey(_KeyFields):
     """The bucketed identity of a Problem: what tuned entries are stored and found under."""
 
-    op: str
-    dtype: str
-    head_dim: int
-    q_heads: int
-    kv_heads: int
-    spans: int
-    queries: int
-    keys: int
-    batch: int
-    masked: bool
-    sw_index: int
-    power: str
-    factors: tuple[float, ...]
-    device: str
-    arch: str
+    __slots__ = ()
 
     def text(self) -> str:
         """A stable one-line rendering (used in tables, logs and as a study name)."""
@@ -68,6 +64,14 @@ def key_of(problem: Problem) -> ProblemKey:
         p.op, p.dtype, p.head_dim, p.q_heads, p.kv_heads, p.spans, query_bucket(p.queries),
         next_power_of_two(p.keys), next_power_of_two(p.batch), p.masked, p.sw_index, p.power, p.factors,
         p.device.name, p.device.arch,
+    )
+
+
+def bucketed(problem: Problem) -> Problem:
+    """``problem`` with its sizes at their bucket's upper end: what every rule that picks a
+    variant or a configuration reads, so that all problems of one key get the same answer."""
+    return problem._replace(
+        queries=query_bucket(problem.queries), keys=next_power_of_two(problem.keys), batch=next_power_of_two(problem.batch)
     )
 
 

@@ -4,25 +4,12 @@ from __future__ import annotations
 
 import argparse
 import logging
-import os
 import sys
 
+from .devices import select_device
+
 DTYPES = ("float32", "bfloat16", "float16")
-
-
-def select_device(requested: str | None):
-    """The torch device to run on; without a GPU, switch Triton to its interpreter first."""
-    import torch
-
-    if requested is None:
-        requested = "cuda" if torch.cuda.is_available() else "cpu"
-    device = torch.device(requested)
-    if device.type == "cuda" and not torch.cuda.is_available():
-        raise SystemExit("error: --device cuda was asked for but PyTorch sees no GPU; use --device cpu")
-    if device.type == "cpu" and os.environ.get("TRITON_INTERPRET") != "1":
-        # Must happen before any Triton kernel module is imported.
-        os.environ["TRITON_INTERPRET"] = "1"
-    return device
+OPS = ("span_forward", "span_backward", "staged_decode")
 
 
 def _demo(args: argparse.Namespace) -> int:
@@ -86,8 +73,7 @@ def _explain(args: argparse.Namespace) -> int:
 
 def _add_problem_arguments(parser: argparse.ArgumentParser) -> None:
     """Flags describing one problem; the defaults are model M's decode at 64K (SPEC section 4)."""
-    ops = ("span_forward", "span_backward", "staged_decode")
-    parser.add_argument("--op", choices=ops, default="staged_decode", help="default: staged_decode")
+    parser.add_argument("--op", choices=OPS, default="staged_decode", help="default: staged_decode")
     parser.add_argument("--dtype", choices=DTYPES + ("float64",), default="bfloat16", help="default: bfloat16")
     parser.add_argument("--batch", type=int, default=1, help="B (default 1)")
     parser.add_argument("--q-heads", type=int, default=32, help="Hq (default 32)")
@@ -132,7 +118,7 @@ def build_parser() -> argparse.ArgumentParser:
         "variants", help="list every registered kernel variant with its tunable space",
         description="List the registry: each op's variants in priority order with their tunable parameters.",
     )
-    variants.add_argument("--op", choices=("span_forward", "span_backward", "staged_decode"), default=None)
+    variants.add_argument("--op", choices=OPS, default=None, help="only this op's variants")
     variants.set_defaults(handler=_variants)
 
     explain = commands.add_parser(

@@ -2,18 +2,20 @@
 
 ``select(problem)`` walks the lookup layers (tuned caches, in order), then falls back to the first
 supported variant's heuristic default. Layers are asked for the problem's own key first, then for
-keys within ``NEAREST_DISTANCE`` buckets. The answer is memoised per key: after the first call for
-a key no layer, file or lock is touched, nothing synchronises the device, and the call is safe
-during CUDA graph capture and from many threads.
+keys within ``NEAREST_DISTANCE`` buckets; when none holds an entry for this GPU, the same walk
+borrows entries tuned on another GPU of the same architecture. Every rule consulted reads the
+problem at its bucket's sizes (``bucketed``), so the answer depends on the key alone and is
+memoised per key: after the first call for a key no layer, file or lock is touched, nothing
+synchronises the device, and the call is safe during CUDA graph capture and from many threads.
 """
 
 from __future__ import annotations
 
 import threading
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from typing import Protocol
 
-from .buckets import NEAREST_DISTANCE, ProblemKey, key_of, neighbours
+from .buckets import NEAREST_DISTANCE, ProblemKey, bucketed, key_of, neighbours
 from .kernels.launch import KernelConfig
 from .problem import Problem
 from .registry import REGISTRY, Registry, Variant
@@ -35,6 +37,7 @@ class LayerAnswer:
 
     choice: TunedChoice | None
     note: str
+    lender: str | None = None  # the GPU an entry borrowed from another GPU of this architecture was tuned on
 
 
 class Layer(Protocol):
@@ -42,8 +45,9 @@ class Layer(Protocol):
 
     name: str
 
-    def lookup(self, key: ProblemKey) -> LayerAnswer:
-        """The stored choice for ``key``, or a miss with a note."""
+    def lookup(self, key: ProblemKey, borrow: bool = False) -> LayerAnswer:
+        """The stored choice for ``key`` (with ``borrow``: one tuned on another GPU of the key's
+        architecture), or a miss with a note."""
         ...
 
 
@@ -76,10 +80,7 @@ class Explanation:
             lines.append("choice: none (no variant applies)")
         else:
             c = self.choice
-            lines.append(
-                f"choice: {c.variant.qualified_name} block_k={c.config.block_k} num_warps={c.config.num_warps} "
-                f"num_stages={c.config.num_stages} (source: {c.source})"
-            )
+            lines.append(f"choice: {c.variant.qualified_name} {c.config.text()} (source: {c.source})")
         return "\n".join(lines)
 
 
@@ -105,7 +106,7 @@ class Dispatcher:
             with self._lock:
                 choice = self._memo.get(key)
                 if choice is None:
-                    choice = self._resolve(problem, key, Explanation(key)).choice
+                    choice = self._resolve(bucketed(problem.check()), key, Explanation(key)).choice
                     self.resolutions += 1
                     self._memo[key] = choice
         return choice
@@ -114,7 +115,7 @@ class Dispatcher:
         """What ``select`` would decide for ``problem`` and why (consults the layers afresh)."""
         key = key_of(problem)
         try:
-            return self._resolve(problem, key, Explanation(key))
+            return self._resolve(bucketed(problem.check()), key, Explanation(key))
         except NoVariantError as err:
             return err.args[1]
 
@@ -139,23 +140,28 @@ class Dispatcher:
         if not supported:
             details = "; ".join(f"{name}: {', '.join(r)}" for name, r in trace.variants)
             raise NoVariantError(f"no {problem.op} variant applies to this input ({details})", trace)
-        for layer in self.layers:
-            candidates = [(0, key)] + neighbours(key, NEAREST_DISTANCE)
-            for distance, candidate in candidates:
-                answer = layer.lookup(candidate)
-                where = "own key" if distance == 0 else f"nearest bucket {candidate.text()} (distance {distance})"
-                if answer.choice is None:
-                    if distance == 0:
-                        trace.layers.append((layer.name, f"miss: {answer.note}"))
-                    continue
-                problem_with_it = self._usable(answer.choice, supported, problem)
-                if problem_with_it is not None:
-                    trace.layers.append((layer.name, f"skipped {where}: {problem_with_it}"))
-                    continue
-                source = layer.name if distance == 0 else f"{layer.name}, {where}"
-                trace.layers.append((layer.name, f"hit ({where}): {answer.choice.variant}"))
-                trace.choice = Choice(supported[answer.choice.variant], answer.choice.config, source)
-                return trace
+        candidates = [(0, key)] + neighbours(key, NEAREST_DISTANCE)
+        for borrow in (False, True):
+            for layer in self.layers:
+                for distance, candidate in candidates:
+                    answer = layer.lookup(candidate, borrow=borrow)
+                    where = "own key" if distance == 0 else f"nearest bucket {candidate.text()} (distance {distance})"
+                    if borrow:
+                        where += f", other {key.arch} GPUs"
+                    if answer.choice is None:
+                        if distance == 0:
+                            trace.layers.append((layer.name, f"miss ({where}): {answer.note}"))
+                        continue
+                    problem_with_it = self._usable(answer.choice, supported, problem)
+                    if problem_with_it is not None:
+                        trace.layers.append((layer.name, f"skipped {where}: {problem_with_it}"))
+                        continue
+                    source = layer.name if distance == 0 else f"{layer.name}, {where}"
+                    if answer.lender is not None:
+                        source += f", borrowed from {answer.lender}"
+                    trace.layers.append((layer.name, f"hit ({where}): {answer.choice.variant}"))
+                    trace.choice = Choice(supported[answer.choice.variant], answer.choice.config, source)
+                    return trace
         variant = next(iter(supported.values()))
         trace.choice = Choice(variant, variant.default(problem), HEURISTIC)
         return trace
@@ -165,18 +171,19 @@ class Dispatcher:
         variant = supported.get(choice.variant)
         if variant is None:
             return f"variant {choice.variant} is not registered or does not apply"
-        return variant.compile_check(problem, choice.config)
+        return variant.violation(choice.config) or variant.compile_check(problem, choice.config)
 
 
 DISPATCHER = Dispatcher()
 
 
 def select(problem: Problem, block_k: int | None = None) -> Choice:
-    """The default dispatcher's choice for ``problem``; ``block_k`` (when given) forces BLOCK_K."""
+    """The default dispatcher's choice for ``problem``; ``block_k`` (when given) forces the key-block
+    size of variants that have one (a hint: others ignore it)."""
     choice = DISPATCHER.select(problem)
-    if block_k is None or choice.config.block_k == block_k or not choice.variant.space:
+    if block_k is None or choice.config.get("block_k", block_k) == block_k:
         return choice
-    return Choice(choice.variant, replace(choice.config, block_k=block_k), f"{choice.source}, block_k forced")
+    return Choice(choice.variant, choice.config.replace(block_k=block_k), f"{choice.source}, block_k forced")
 
 
 def explain(problem: Problem) -> Explanation:

@@ -6,6 +6,7 @@ warm-up, ``explain`` and tuning workloads.
 
 from __future__ import annotations
 
+import math
 import os
 import threading
 from typing import NamedTuple
@@ -19,6 +20,7 @@ SPAN_BACKWARD = "span_backward"
 STAGED_DECODE = "staged_decode"
 OPS = (SPAN_FORWARD, SPAN_BACKWARD, STAGED_DECODE)
 _DTYPE_NAMES = {dt: str(dt).removeprefix("torch.") for dt in (torch.float16, torch.bfloat16, torch.float32, torch.float64)}
+MAX_HEAD_DIM = 256
 
 
 class DeviceIdentity(NamedTuple):
@@ -84,6 +86,41 @@ class Problem(NamedTuple):
     power: str
     device: DeviceIdentity
     factors: tuple[float, ...] = ()
+
+    def check(self) -> "Problem":
+        """This problem, after checking every field; ValueError/TypeError naming the first bad one."""
+        if self.op not in OPS:
+            raise ValueError(f"op must be one of {OPS}, got {self.op!r}")
+        if self.dtype not in _DTYPE_NAMES.values():
+            raise ValueError(f"dtype must be one of {tuple(_DTYPE_NAMES.values())}, got {self.dtype!r}")
+        for name in ("head_dim", "q_heads", "kv_heads", "spans", "queries", "keys", "batch"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ValueError(f"{name} must be a positive int, got {value!r}")
+        if self.head_dim > MAX_HEAD_DIM:
+            raise ValueError(f"head_dim must be at most {MAX_HEAD_DIM}, got {self.head_dim}")
+        if self.q_heads % self.kv_heads:
+            raise ValueError(f"q_heads ({self.q_heads}) must be a multiple of kv_heads ({self.kv_heads})")
+        if self.op == STAGED_DECODE and self.queries != 1:
+            raise ValueError(f"queries must be 1 for staged_decode, got {self.queries}")
+        if not isinstance(self.masked, bool):
+            raise TypeError(f"masked must be a bool, got {self.masked!r}")
+        if isinstance(self.sw_index, bool) or not isinstance(self.sw_index, int) or self.sw_index < 0:
+            raise ValueError(f"sw_index must be a non-negative int, got {self.sw_index!r}")
+        if not isinstance(self.power, str):
+            raise TypeError(f"power must be a label such as 'float0.55' or 'int2', got {self.power!r}")
+        geometry.PowerParams.from_label(self.power)  # ValueError naming the power label
+        if not isinstance(self.device, DeviceIdentity):
+            raise TypeError(f"device must be a DeviceIdentity (see device_identity), got {self.device!r}")
+        expected = 3 if self.op == STAGED_DECODE else 0
+        if len(self.factors) != expected or not all(
+            isinstance(f, (int, float)) and not isinstance(f, bool) and math.isfinite(f) and f >= 0 for f in self.factors
+        ):
+            raise ValueError(
+                f"factors must be {'(backward_factor, forward_factor, span_power), finite and >= 0' if expected else '() for span ops'}"
+                f", got {self.factors!r}"
+            )
+        return self
 
     @property
     def params(self) -> geometry.PowerParams:

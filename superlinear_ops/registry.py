@@ -1,8 +1,10 @@
 """The ops registry: every kernel variant of every op, its tunable space, and when it applies.
 
 A variant declares (see ``variants.py``, where all declarations live):
-- ``launch``: the callable that runs it (its signature is the op's, see ``variants.py``);
-- ``space``: the candidate values of each tunable compile-time parameter;
+- ``launch``: the callable that runs it (its signature is the op's, see ``variants.py``); the code
+  it reaches is what a tuned entry's validity follows (``code_hash``);
+- ``space``: its own tunable compile-time parameters by name, each with its candidate values, and
+  ``constraints`` between them; a configuration is a ``KernelConfig`` of exactly those names;
 - ``reasons(problem)``: why it does not apply to a problem (empty: it applies);
 - ``compile_check(problem, config)``: why a configuration cannot build or launch well on the
   problem's device (shared memory or register estimate), before anything is launched;
@@ -13,10 +15,12 @@ The tuner searches what is declared here and the dispatcher chooses from it.
 
 from __future__ import annotations
 
+import functools
 import itertools
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
+from .code_hash import code_hash
 from .kernels.launch import KernelConfig
 from .problem import OPS, Problem
 
@@ -42,12 +46,17 @@ class Variant:
     default: Callable[[Problem], KernelConfig]
     priority: int
     description: str = ""
-    source_files: tuple[str, ...] = field(default=())
+    constraints: tuple[Callable[[KernelConfig], str | None], ...] = ()
 
     @property
     def qualified_name(self) -> str:
         """'op/variant'."""
         return f"{self.op}/{self.name}"
+
+    @property
+    def code_hash(self) -> str:
+        """Hash of the code this variant runs (comments and docstrings excluded)."""
+        return _launch_hash(self.launch)
 
     def not_supported_reasons(self, problem: Problem) -> list[str]:
         """Readable reasons why this variant does not apply to ``problem`` (empty: it applies)."""
@@ -56,14 +65,35 @@ class Variant:
         return list(self.reasons(problem))
 
     def configs(self) -> Iterator[KernelConfig]:
-        """Every configuration of the declared space (KernelConfig defaults for undeclared fields)."""
+        """Every configuration of the declared space that meets the declared constraints."""
         names = [p.name for p in self.space]
         for values in itertools.product(*(p.values for p in self.space)):
-            yield KernelConfig(**dict(zip(names, values)))
+            config = KernelConfig(dict(zip(names, values)))
+            if self.violation(config) is None:
+                yield config
+
+    def violation(self, config: KernelConfig) -> str | None:
+        """Why ``config`` is not one of this variant's configurations (None when it is)."""
+        names = {p.name for p in self.space}
+        if set(config) != names:
+            return f"parameters {sorted(config)} are not this variant's {sorted(names)}"
+        for p in self.space:
+            if config[p.name] not in p.values:
+                return f"{p.name}={config[p.name]} is not one of {p.values}"
+        for constraint in self.constraints:
+            reason = constraint(config)
+            if reason is not None:
+                return reason
+        return None
 
     def contains(self, config: KernelConfig) -> bool:
-        """True when every tunable of ``config`` is one of this variant's candidate values."""
-        return all(getattr(config, p.name) in p.values for p in self.space)
+        """True when ``config`` is one of this variant's configurations."""
+        return self.violation(config) is None
+
+
+@functools.lru_cache(maxsize=None)
+def _launch_hash(launch: Callable) -> str:
+    return code_hash(launch)
 
 
 class Registry:
@@ -98,6 +128,14 @@ class Registry:
         except KeyError:
             known = ", ".join(v.name for v in self.variants(op))
             raise KeyError(f"no variant {op}/{name}; {op} has: {known}") from None
+
+    def fallback(self, problem: Problem) -> Variant | None:
+        """The most preferred variant that applies to ``problem`` (its default serves untuned keys)."""
+        return next((v for v in self.variants(problem.op) if not v.not_supported_reasons(problem)), None)
+
+    def reference(self, op: str) -> Variant:
+        """The op's PyTorch reference: the variant declared last in priority, which always applies."""
+        return self.variants(op)[-1]
 
     def all(self) -> list[Variant]:
         """Every registered variant, op by op."""

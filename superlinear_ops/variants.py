@@ -4,8 +4,10 @@ Launch signatures by op:
 - span_forward:  launch(geo: LaunchGeometry, config) -> (out [B,Hq,Lq,K,D], lse2 [B,Hq,Lq,K])
 - span_backward: launch(geo, config, out, lse2, grad_out) -> (dQ, dK, dV)
 - staged_decode: launch(q1, q2, k, v, cache_position, attention_mask, settings, config) -> out
+``config`` is a ``KernelConfig`` holding exactly the names of the variant's declared ``space``.
 Each op also has a PyTorch-reference variant last in priority: the fallback that always works
-(CPU tensors, float64).
+(CPU tensors, float64). Rules here read only what a problem's key holds (bucketed sizes: the
+dispatcher hands them the key's problem), so every problem of one bucket gets the same answer.
 """
 
 from __future__ import annotations
@@ -14,11 +16,12 @@ from functools import partial
 
 import torch
 
+from . import geometry
 from .buckets import next_power_of_two
-from .decode import DecodeSettings, staged_decode
-from .decode_fused import fused_search_decode
-from .decode_grouped import grouped_decode
-from .decode_split import split_window_decode
+from .decode.grouped import grouped_decode
+from .decode.settings import DecodeSettings
+from .decode.split_window import split_window_decode
+from .decode.staged import staged_decode
 from .kernels.launch import KernelConfig, LaunchGeometry
 from .problem import SPAN_BACKWARD, SPAN_FORWARD, STAGED_DECODE, Problem
 from .reference import span_backward_reference, span_forward_reference
@@ -43,7 +46,7 @@ BACKWARD_SPACE = (
     Param("num_warps", (1, 2, 4, 8)),
     Param("num_stages", (1, 2, 3)),
 )
-KERNEL_FILES = ("kernels/common.py", "kernels/launch.py")
+GROUPED_SPACE = (*FORWARD_SPACE, Param("chunk", (128, 256, 512, 1024, 2048)))
 
 
 # --- when Triton variants apply ---------------------------------------------------------------
@@ -130,19 +133,29 @@ def backward_default(problem: Problem) -> KernelConfig:
 
 
 def grouped_default(problem: Problem) -> KernelConfig:
-    """Heuristic grouped-decode configuration: 64-key tiles (32 past D = 128), 4 warps and the most
-    stages up to 3 that fit (64/4/3 was within 4% of the best at every model-M context in the
-    H200 sweep, docs/benchmarks/h200-decode-sweep.json)."""
+    """Heuristic grouped-decode configuration: 64-key tiles (32 past D = 128), 4 warps, the most
+    stages up to 3 that fit (64/4/3 was within 4% of the best at every model-M context in the H200
+    sweep, docs/benchmarks/h200-decode-sweep.json) and span chunks that give about four programs
+    per multiprocessor."""
+    from .decode.grouped_kernels import span_chunk_length  # imports Triton on first use only
+
     block_k = 64 if problem.head_dim <= 128 else 32
-    for stages in (3, 2):
-        config = KernelConfig(block_k=block_k, num_warps=4, num_stages=stages)
-        if resource_check(2, problem, config) is None:
+    backward_factor, forward_factor, span_power = problem.factors
+    longest_span = (
+        geometry.ceil_scaled_power(backward_factor, problem.keys, span_power)
+        + geometry.ceil_scaled_power(forward_factor, problem.keys, span_power) + 1
+    )
+    spans = problem.batch * problem.q_heads * problem.spans
+    chunk = span_chunk_length(longest_span, spans, max(problem.device.multiprocessors, 1), block_k)
+    for stages in (3, 2, 1):
+        config = KernelConfig(block_k=block_k, num_warps=4, num_stages=stages, chunk=chunk)
+        if stages == 1 or resource_check(2, problem, config) is None:
             return config
-    return KernelConfig(block_k=block_k, num_warps=4, num_stages=1)
+    raise AssertionError("unreachable")
 
 
 def reference_default(problem: Problem) -> KernelConfig:
-    """The reference ignores its configuration."""
+    """The reference has nothing to configure."""
     return KernelConfig()
 
 
@@ -203,13 +216,11 @@ REGISTRY.register(Variant(
     op=SPAN_FORWARD, name="per_query_span", launch=triton_forward, space=FORWARD_SPACE,
     reasons=triton_reasons, compile_check=partial(resource_check, 2), default=forward_default, priority=0,
     description="one Triton program per (b, h, q, span): online softmax over the span, then the window",
-    source_files=("kernels/span_forward.py", *KERNEL_FILES),
 ))
 REGISTRY.register(Variant(
     op=SPAN_FORWARD, name="reference", launch=reference_forward, space=(), reasons=reference_reasons,
     compile_check=no_check, default=reference_default, priority=100,
     description="PyTorch reference (dense masked softmax); CPU, float64 and fallback",
-    source_files=("reference.py",),
 ))
 
 for fused in (True, False):
@@ -226,46 +237,31 @@ for fused in (True, False):
             reasons=_reasons, compile_check=partial(resource_check, 3), default=backward_default,
             priority=(0 if fused else 2) + (0 if split else 1),
             description=f"{layout}; dK/dV {'per query head, then a group sum' if split else 'by atomics into shared buffers'}",
-            source_files=("kernels/span_backward.py", *KERNEL_FILES),
         ))
 
 REGISTRY.register(Variant(
     op=SPAN_BACKWARD, name="reference", launch=reference_backward, space=(), reasons=reference_reasons,
     compile_check=no_check, default=reference_default, priority=100,
     description="PyTorch reference (autograd on a recomputation); CPU, float64 and fallback",
-    source_files=("reference.py",),
 ))
 REGISTRY.register(Variant(
     op=STAGED_DECODE, name="staged", launch=position_clamped(staged_decode_with(triton_forward)), space=FORWARD_SPACE,
     reasons=triton_reasons, compile_check=partial(resource_check, 2), default=forward_default, priority=3,
     description="stripe search and top-k in PyTorch, span attention by the per-(query, span) Triton forward",
-    source_files=("decode.py", "kernels/span_forward.py", *KERNEL_FILES),
-))
-REGISTRY.register(Variant(
-    op=STAGED_DECODE, name="fused_search", launch=position_clamped(staged_decode_with(triton_forward, fused_search_decode)),
-    space=FORWARD_SPACE, reasons=triton_reasons, compile_check=partial(resource_check, 2), default=forward_default,
-    priority=2,
-    description="stripe scores, top-k and spans in one Triton kernel, then the per-(query, span) forward",
-    source_files=("decode.py", "decode_tables.py", "decode_fused.py", "kernels/decode_search.py", "kernels/span_forward.py",
-                  *KERNEL_FILES),
 ))
 REGISTRY.register(Variant(
     op=STAGED_DECODE, name="split_window", launch=position_clamped(split_window_decode), space=FORWARD_SPACE,
     reasons=triton_reasons, compile_check=partial(resource_check, 2), default=forward_default, priority=1,
     description="fused stripe search, then span/window attention in 256-key chunks merged once per head with the gate",
-    source_files=("decode.py", "decode_tables.py", "decode_fused.py", "decode_split.py", "kernels/decode_search.py",
-                  "kernels/decode_split.py", "kernels/span_forward.py", *KERNEL_FILES),
 ))
 REGISTRY.register(Variant(
-    op=STAGED_DECODE, name="grouped", launch=grouped_decode, space=FORWARD_SPACE, reasons=grouped_reasons,
+    op=STAGED_DECODE, name="grouped", launch=grouped_decode, space=GROUPED_SPACE, reasons=grouped_reasons,
     compile_check=partial(resource_check, 2), default=grouped_default,
     priority=0,  # fastest decode variant at every context measured on the H200 (docs/benchmarks/h200-decode-compare.json)
     description="stripe search and window once per KV group, spans in tensor-core chunks, merged by the last: two launches",
-    source_files=("decode.py", "decode_tables.py", "decode_grouped.py", "kernels/decode_grouped.py", *KERNEL_FILES),
 ))
 REGISTRY.register(Variant(
     op=STAGED_DECODE, name="staged_reference", launch=position_clamped(staged_decode_with(reference_forward)), space=(),
     reasons=reference_reasons, compile_check=no_check, default=reference_default, priority=100,
     description="stripe search and top-k in PyTorch, span attention by the PyTorch reference",
-    source_files=("decode.py", "reference.py"),
 ))

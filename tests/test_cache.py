@@ -86,7 +86,7 @@ GPU_KEY = make_key(0, device="NVIDIA H200", arch="sm_90")
         (make_entry(0, provenance={"kernel_hash": "0123456789abcdef"}), None, "kernel source changed"),
         (make_entry(0, provenance={"triton_version": "2.3.1"}), None, "Triton 2.3.1"),
         (dataclasses.replace(make_entry(0), variant="gone"), None, "not registered"),
-        (make_entry(0, config=KernelConfig(block_k=512)), None, "outside the variant's declared space"),
+        (make_entry(0, config=KernelConfig(block_k=512, num_warps=4, num_stages=2)), None, "outside the variant's declared space"),
     ],
     ids=["gpu-arch", "interpreter-timing-on-gpu", "kernel-hash", "triton-major-minor", "variant", "config-space"],
 )
@@ -108,10 +108,10 @@ def _problem() -> Problem:
 def test_layer_order_explicit_then_user_then_shipped(tmp_path) -> None:
     key = make_key(0)
     with Store.writer(tmp_path / "explicit.sqlite") as s:
-        s.put(make_entry(0, config=KernelConfig(block_k=16)))
+        s.put(make_entry(0, config=KernelConfig(block_k=16, num_warps=4, num_stages=2)))
     with Store.writer(tmp_path / "user.sqlite") as s:
-        s.put(make_entry(0, config=KernelConfig(block_k=64)))
-    yaml_file.write([make_entry(0, config=KernelConfig(block_k=128))], tmp_path / "shipped.yaml")
+        s.put(make_entry(0, config=KernelConfig(block_k=64, num_warps=4, num_stages=2)))
+    yaml_file.write([make_entry(0, config=KernelConfig(block_k=128, num_warps=4, num_stages=2))], tmp_path / "shipped.yaml")
     layers = [
         StoreLayer("explicit", tmp_path / "explicit.sqlite"),
         StoreLayer("user", tmp_path / "user.sqlite"),

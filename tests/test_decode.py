@@ -9,7 +9,7 @@ import torch
 from conftest import assert_close
 
 from superlinear_ops import decode_span_attention_staged, decode_span_attention_staged_gqa, geometry
-from superlinear_ops.decode import DecodeSettings
+from superlinear_ops.decode.settings import DecodeSettings
 from superlinear_ops.kernels.launch import KernelConfig
 from superlinear_ops.reference import decode_reference
 from superlinear_ops.registry import REGISTRY
@@ -101,7 +101,7 @@ def test_decode_matches_spec_oracle(name: str, gen: torch.Generator) -> None:
     assert_close(got, oracle(case, inputs), case.dtype)
 
 
-@pytest.mark.parametrize("variant_name", ["fused_search", "split_window", "grouped"])
+@pytest.mark.parametrize("variant_name", ["split_window", "grouped"])
 @pytest.mark.parametrize("name", list(CASES))
 def test_fused_variants_match_spec_oracle(name: str, variant_name: str, gen: torch.Generator) -> None:
     case = CASES[name]
@@ -109,7 +109,7 @@ def test_fused_variants_match_spec_oracle(name: str, variant_name: str, gen: tor
     settings = DecodeSettings(case.sw_index, case.topk, case.backward_factor, case.forward_factor, case.span_power,
                               geometry.power_params(**case.power_kwargs()))
     variant = REGISTRY.get("staged_decode", variant_name)
-    got = variant.launch(*inputs, settings, KernelConfig(block_k=16))
+    got = variant.launch(*inputs, settings, KernelConfig(block_k=16, num_warps=4, num_stages=2, chunk=128))
     assert got.shape == (case.batch, case.hq, 1, case.dim) and got.dtype == case.dtype
     assert_close(got, oracle(case, inputs), case.dtype)
 
@@ -143,7 +143,7 @@ def test_mha_entry_point_matches_gqa_entry_point(gen: torch.Generator) -> None:
     assert torch.equal(mha, run(case, inputs, block_k=16))
 
 
-@pytest.mark.parametrize("name", ["staged", "fused_search", "split_window", "grouped"])
+@pytest.mark.parametrize("name", ["staged", "split_window", "grouped"])
 def test_negative_decode_position_stays_in_bounds(name: str, gen: torch.Generator, monkeypatch) -> None:
     """Without validation a negative position is treated as 0: no out-of-bounds table read."""
     from superlinear_ops import dispatch
@@ -151,7 +151,7 @@ def test_negative_decode_position_stays_in_bounds(name: str, gen: torch.Generato
     case = CASES["forward-factor-mask-holes"]
     q1, q2, k, v, _, mask = make_decode_inputs(case, gen)
     monkeypatch.setattr(dispatch.DISPATCHER, "select", lambda p: dispatch.Choice(
-        REGISTRY.get("staged_decode", name), KernelConfig(block_k=16), "test"))
+        REGISTRY.get("staged_decode", name), KernelConfig(block_k=16, num_warps=4, num_stages=2, chunk=128), "test"))
     got = run(case, (q1, q2, k, v, torch.tensor([-7]), mask))
     expected = run(case, (q1, q2, k, v, torch.tensor([0]), mask))
     assert torch.isfinite(got).all() and torch.equal(got, expected)
@@ -163,7 +163,7 @@ def test_negative_decode_position_stays_in_bounds(name: str, gen: torch.Generato
 def test_grouped_first_allowed_key_over_several_mask_slices(name: str, gen: torch.Generator, monkeypatch) -> None:
     """The grouped variant finds each row's first allowed key from per-slice minima (slices dealt
     over the KV groups); small slices make several, the first of them wholly masked."""
-    from superlinear_ops.kernels import decode_grouped
+    from superlinear_ops.decode import grouped_kernels as decode_grouped
 
     monkeypatch.setattr(decode_grouped, "MASK_SLICE", 16)
     case = CASES[name]
@@ -173,5 +173,5 @@ def test_grouped_first_allowed_key_over_several_mask_slices(name: str, gen: torc
     inputs = (q1, q2, k, v, cache_position, mask)
     settings = DecodeSettings(case.sw_index, case.topk, case.backward_factor, case.forward_factor, case.span_power,
                               geometry.power_params(**case.power_kwargs()))
-    got = REGISTRY.get("staged_decode", "grouped").launch(*inputs, settings, KernelConfig(block_k=16))
+    got = REGISTRY.get("staged_decode", "grouped").launch(*inputs, settings, KernelConfig(block_k=16, num_warps=4, num_stages=2, chunk=128))
     assert_close(got, oracle(case, inputs), case.dtype)

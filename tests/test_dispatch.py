@@ -25,7 +25,7 @@ class DictLayer:
         self.lookups = 0
         self._lock = threading.Lock()
 
-    def lookup(self, key: ProblemKey) -> LayerAnswer:
+    def lookup(self, key: ProblemKey, borrow: bool = False) -> LayerAnswer:
         with self._lock:
             self.lookups += 1
         choice = self.entries.get(key)
@@ -39,7 +39,7 @@ def test_first_layer_with_a_hit_wins_in_order() -> None:
     p = problem()
     first = DictLayer("explicit", {})
     second = DictLayer("user", {key_of(p): TUNED})
-    third = DictLayer("shipped", {key_of(p): TunedChoice("per_query_span", KernelConfig(block_k=16))})
+    third = DictLayer("shipped", {key_of(p): TunedChoice("per_query_span", KernelConfig(block_k=16, num_warps=4, num_stages=2))})
     choice = Dispatcher(REGISTRY, [first, second, third]).select(p)
     assert (choice.variant.name, choice.config, choice.source) == ("per_query_span", TUNED.config, "user")
     assert third.lookups == 0 and first.lookups >= 1
@@ -56,7 +56,7 @@ def test_nearest_bucket_is_borrowed_within_distance() -> None:
     p = problem(keys=139000)  # bucket 262144
     neighbour = key_of(p)._replace(keys=131072)
     far = key_of(p)._replace(keys=32768)
-    layer = DictLayer("shipped", {neighbour: TUNED, far: TunedChoice("per_query_span", KernelConfig(block_k=16))})
+    layer = DictLayer("shipped", {neighbour: TUNED, far: TunedChoice("per_query_span", KernelConfig(block_k=16, num_warps=4, num_stages=2))})
     choice = Dispatcher(REGISTRY, [layer]).select(p)
     assert choice.config == TUNED.config and "nearest bucket" in choice.source and "distance 1" in choice.source
     only_far = Dispatcher(REGISTRY, [DictLayer("shipped", {far: TUNED})]).select(p)
@@ -65,13 +65,13 @@ def test_nearest_bucket_is_borrowed_within_distance() -> None:
 
 def test_entries_that_do_not_apply_or_cannot_build_are_skipped() -> None:
     p = problem(op="span_backward", q_heads=8, kv_heads=8)  # rep 1: split variants do not apply
-    bad_variant = TunedChoice("fused_split", KernelConfig(block_k=32))
+    bad_variant = TunedChoice("fused_split", KernelConfig(block_k=32, num_warps=4, num_stages=2))
     layer = DictLayer("user", {key_of(p): bad_variant})
     explanation = Dispatcher(REGISTRY, [layer]).explain(p)
     assert explanation.choice.source == HEURISTIC
     assert "does not apply" in dict(explanation.layers)["user"]
     big = problem(head_dim=256)
-    layer = DictLayer("user", {key_of(big): TunedChoice("per_query_span", KernelConfig(block_k=256, num_warps=1))})
+    layer = DictLayer("user", {key_of(big): TunedChoice("per_query_span", KernelConfig(block_k=256, num_warps=1, num_stages=1))})
     explanation = Dispatcher(REGISTRY, [layer]).explain(big)
     assert explanation.choice.source == HEURISTIC and "registers" in dict(explanation.layers)["user"]
 
@@ -119,7 +119,7 @@ def test_explain_reports_variants_key_layers_and_choice() -> None:
     text = Dispatcher(REGISTRY, [DictLayer("user", {})]).explain(p).text()
     assert key_of(p).text() in text
     assert "fused_split: not supported: K = 1 span slot" in text
-    assert "user: miss: no entry" in text
+    assert "user: miss (own key): no entry" in text
     assert "choice: span_backward/per_span_split" in text and HEURISTIC in text
 
 

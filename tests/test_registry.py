@@ -22,7 +22,8 @@ def sample_problems():
         ((32, 2), (8, 8)), (1, 3),
     ):
         yield problem(op=op, device=device, head_dim=dim, dtype=dtype, q_heads=hq, kv_heads=hkv, spans=spans,
-                      queries=1 if op == "staged_decode" else 4096, keys=65536)
+                      queries=1 if op == "staged_decode" else 4096, keys=65536,
+                      factors=(3.0, 1.0, 0.55) if op == "staged_decode" else ())
 
 
 def test_every_op_has_variants_and_a_fallback_last() -> None:
@@ -51,7 +52,7 @@ def test_static_check_rejects_configurations_that_cannot_build() -> None:
     assert "shared memory" in forward.compile_check(l4, KernelConfig(block_k=128, num_warps=8, num_stages=4))
     accepted = [c for c in forward.configs() if forward.compile_check(p, c) is None]
     assert 0 < len(accepted) < len(list(forward.configs()))
-    assert forward.compile_check(p._replace(device=CPU_INTERPRETER), KernelConfig(block_k=256, num_warps=1)) is None
+    assert forward.compile_check(p._replace(device=CPU_INTERPRETER), KernelConfig(block_k=256, num_warps=1, num_stages=1)) is None
 
 
 def test_reasons_are_given_whenever_a_variant_does_not_apply() -> None:

@@ -79,7 +79,7 @@ def reference(case: Case, q, k, v, qstart, qend, cache_position, mask):
 def poisoned_forward(case: Case, geo: LaunchGeometry):
     out = torch.full((case.batch, case.hq, case.lq, case.spans, case.dim), float("nan"), dtype=case.dtype)
     lse = torch.full((case.batch, case.hq, case.lq, case.spans), float("nan"))
-    return span_forward(geo, KernelConfig(block_k=case.block_k), out=(out, lse))
+    return span_forward(geo, KernelConfig(block_k=case.block_k, num_warps=4, num_stages=2), out=(out, lse))
 
 
 @pytest.mark.parametrize("case", FORWARD_CASES, ids=lambda c: f"{c.dtype}-rep{c.hq // c.hkv}-K{c.spans}-D{c.dim}")
@@ -116,7 +116,7 @@ BACKWARD_CASES = FORWARD_CASES
 def test_backward_variants_match_reference(case: Case, variant, gen: torch.Generator) -> None:
     inputs = make_inputs(case, gen)
     geo = LaunchGeometry.prepare(*inputs, case.window)
-    config = KernelConfig(block_k=case.block_k)
+    config = KernelConfig(block_k=case.block_k, num_warps=4, num_stages=2)
     out, lse = span_forward(geo, config)
     expected, leaves = reference(case, *inputs)
     grad_out = torch.randn(expected.shape, generator=gen, dtype=torch.float64)

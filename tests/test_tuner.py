@@ -83,8 +83,9 @@ def _wrong_decode(*args, config):
 def test_planted_broken_variant_is_never_chosen(tmp_path, decode_workload) -> None:
     planted = Variant(
         op=STAGED_DECODE, name="planted_broken", launch=lambda *a: _wrong_decode(*a[:-1], config=a[-1]),
-        space=(Param("block_k", (16, 32)),), reasons=triton_reasons, compile_check=no_check,
-        default=lambda problem: KernelConfig(block_k=16), priority=-1, source_files=("decode.py",),
+        space=(Param("block_k", (16, 32)), Param("num_warps", (4,)), Param("num_stages", (2,))),
+        reasons=triton_reasons, compile_check=no_check,
+        default=lambda problem: KernelConfig(block_k=16, num_warps=4, num_stages=2), priority=-1,
     )
     REGISTRY.register(planted)
     try:
@@ -112,8 +113,8 @@ def test_study_name_changes_with_the_search_space(decode_workload) -> None:
     before = study_name(key, settings)
     REGISTRY.register(Variant(
         op=STAGED_DECODE, name="planted_new", launch=staged_decode_with(triton_forward), space=(Param("block_k", (16,)),),
-        reasons=triton_reasons, compile_check=no_check, default=lambda problem: KernelConfig(block_k=16), priority=50,
-        source_files=("decode.py",),
+        reasons=triton_reasons, compile_check=no_check, default=lambda problem: KernelConfig(block_k=16, num_warps=4, num_stages=2), priority=50,
+
     ))
     try:
         assert study_name(key, settings) != before

@@ -19,13 +19,12 @@ def show(args: argparse.Namespace) -> int:
     if not entries:
         print(f"{store.url}: no entries")
         return 0
-    print(f"{'key':<100} {'variant':<16} {'block_k/warps/stages':>20} {'best ms':>10} {'default ms':>11} {'speedup':>8}  usable here")
+    print(f"{'key':<100} {'best ms':>10} {'default ms':>11} {'speedup':>8}  {'usable here':<12} variant: configuration")
     for e in entries:
-        config = f"{e.config.block_k}/{e.config.num_warps}/{e.config.num_stages}"
         speedup = e.default_ms / e.median_ms if e.median_ms > 0 else float("nan")
         reason = why_unusable(e)
-        print(f"{e.key_text:<100} {e.variant:<16} {config:>20} {e.median_ms:>10.4f} {e.default_ms:>11.4f} "
-              f"{speedup:>7.2f}x  {'yes' if reason is None else 'no: ' + reason}")
+        print(f"{e.key_text:<100} {e.median_ms:>10.4f} {e.default_ms:>11.4f} {speedup:>7.2f}x  "
+              f"{'yes' if reason is None else 'no':<12} {e.variant}: {e.config.text()}" + (f"  ({reason})" if reason else ""))
     return 0
 
 

@@ -13,7 +13,7 @@ class Provenance:
     """Where and with what an entry was measured."""
 
     package_version: str
-    kernel_hash: str  # hash of the variant's kernel source files
+    kernel_hash: str  # hash of the code the variant runs (code_hash: comments and docstrings excluded)
     triton_version: str
     torch_version: str
     cuda_version: str
@@ -50,7 +50,7 @@ class TunedEntry:
         return {
             "key": {name: (list(value) if name == "factors" else value) for name, value in self.key._asdict().items()},
             "variant": self.variant,
-            "config": asdict(self.config),
+            "config": dict(self.config),
             "timing": {"median_ms": self.median_ms, "default_ms": self.default_ms, "max_error": self.max_error},
             "search": {"sampler": self.sampler, "trials": self.trials, "seed": self.seed},
             "provenance": asdict(self.provenance),
@@ -72,7 +72,7 @@ class TunedEntry:
             return cls(
                 key=ProblemKey(**{name: key_data[name] for name in ProblemKey._fields}),
                 variant=str(data["variant"]),
-                config=KernelConfig(**data["config"]),
+                config=KernelConfig(data["config"]),
                 median_ms=float(data["timing"]["median_ms"]),
                 default_ms=float(data["timing"]["default_ms"]),
                 max_error=float(data["timing"]["max_error"]),

@@ -46,13 +46,18 @@ class EntryLayer:
     def _fetch(self, key: ProblemKey) -> TunedEntry | None:
         raise NotImplementedError
 
-    def lookup(self, key: ProblemKey) -> LayerAnswer:
-        """The usable entry for ``key``, or a miss saying why."""
+    def _fetch_borrowable(self, key: ProblemKey) -> list[TunedEntry]:
+        """Entries for ``key`` tuned on other GPUs of its architecture."""
+        raise NotImplementedError
+
+    def lookup(self, key: ProblemKey, borrow: bool = False) -> LayerAnswer:
+        """The usable entry for ``key`` (with ``borrow``: the first usable one tuned on another GPU
+        of the key's architecture), or a miss saying why."""
         with self._lock:
             if self._broken is not None:
                 return LayerAnswer(None, f"unavailable ({self._broken})")
             try:
-                entry = self._fetch(key)
+                found = self._fetch_borrowable(key) if borrow else [self._fetch(key)]
             except AbsentSource as absent:
                 return LayerAnswer(None, str(absent))
             except (StoreError, SQLAlchemyError, ValueError, OSError) as err:
@@ -63,12 +68,17 @@ class EntryLayer:
                     stacklevel=2,
                 )
                 return LayerAnswer(None, f"unavailable ({err})")
-        if entry is None:
+        found = [entry for entry in found if entry is not None]
+        if not found:
             return LayerAnswer(None, f"no entry in {self.where}")
-        reason = why_unusable(entry, key)
-        if reason is not None:
-            return LayerAnswer(None, f"entry in {self.where} skipped: {reason}")
-        return LayerAnswer(TunedChoice(entry.variant, entry.config), f"{self.where}")
+        reasons = []
+        for entry in found:
+            reason = why_unusable(entry, key)
+            if reason is None:
+                lender = entry.key.device if borrow else None
+                return LayerAnswer(TunedChoice(entry.variant, entry.config), self.where, lender)
+            reasons.append(reason if not borrow else f"{entry.key.device}: {reason}")
+        return LayerAnswer(None, f"entry in {self.where} skipped: {'; '.join(reasons)}")
 
 
 class StoreLayer(EntryLayer):
@@ -87,6 +97,10 @@ class StoreLayer(EntryLayer):
             self._store = Store.reader(self._location)
         return self._store.get(key.text())
 
+    def _fetch_borrowable(self, key: ProblemKey) -> list[TunedEntry]:
+        self._fetch(key)  # opens the store (or says it is absent)
+        return self._store.entries_for_arch(key)
+
 
 class YamlLayer(EntryLayer):
     """One or more YAML files, read in full on first use."""
@@ -95,15 +109,23 @@ class YamlLayer(EntryLayer):
         super().__init__(name, where)
         self._paths = paths
         self._entries: dict[str, TunedEntry] | None = None
+        self._by_arch: dict[ProblemKey, list[TunedEntry]] = {}
 
     def _fetch(self, key: ProblemKey) -> TunedEntry | None:
         if self._entries is None:
             loaded: dict[str, TunedEntry] = {}
+            by_arch: dict[ProblemKey, list[TunedEntry]] = {}
             for path in self._paths():
                 for entry in yaml_file.read(path):
-                    loaded.setdefault(entry.key_text, entry)
-            self._entries = loaded
+                    if loaded.setdefault(entry.key_text, entry) is entry:
+                        by_arch.setdefault(entry.key._replace(device=""), []).append(entry)
+            self._entries, self._by_arch = loaded, by_arch
         return self._entries.get(key.text())
+
+    def _fetch_borrowable(self, key: ProblemKey) -> list[TunedEntry]:
+        self._fetch(key)
+        others = self._by_arch.get(key._replace(device=""), [])
+        return sorted((e for e in others if e.key.device != key.device), key=lambda e: e.key.device)
 
 
 def shipped_files() -> list[pathlib.Path]:

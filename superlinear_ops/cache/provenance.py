@@ -4,9 +4,7 @@ from __future__ import annotations
 
 import datetime
 import functools
-import hashlib
 import importlib.metadata
-import pathlib
 import socket
 
 import torch
@@ -14,17 +12,10 @@ import torch
 from ..problem import DeviceIdentity
 from ..registry import REGISTRY
 
-PACKAGE_ROOT = pathlib.Path(__file__).resolve().parent.parent
 
-
-@functools.lru_cache(maxsize=None)
 def kernel_hash(op: str, variant: str) -> str:
-    """sha256 (16 hex digits) of the source files a variant declares; changes when its code does."""
-    digest = hashlib.sha256()
-    for name in REGISTRY.get(op, variant).source_files:
-        digest.update(name.encode())
-        digest.update((PACKAGE_ROOT / name).read_bytes())
-    return digest.hexdigest()[:16]
+    """The hash of the code ``op/variant`` runs (``code_hash``): what an entry's validity follows."""
+    return REGISTRY.get(op, variant).code_hash
 
 
 @functools.lru_cache(maxsize=None)

@@ -26,7 +26,7 @@ from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.engine import Engine
 from sqlalchemy.exc import SQLAlchemyError
 
-from ..buckets import ProblemKey
+from ..buckets import KEY_FIELD_TYPES, ProblemKey
 from ..kernels.launch import KernelConfig
 from .entry import Provenance, TunedEntry
 
@@ -36,22 +36,9 @@ ENV_CACHE = "SUPERLINEAR_OPS_CACHE"
 
 metadata = MetaData()
 schema_table = Table("superlinear_ops_schema", metadata, Column("version", Integer, nullable=False))
-_KEY_COLUMNS = [
-    Column("op", String(32), nullable=False),
-    Column("dtype", String(16), nullable=False),
-    Column("head_dim", Integer, nullable=False),
-    Column("q_heads", Integer, nullable=False),
-    Column("kv_heads", Integer, nullable=False),
-    Column("spans", Integer, nullable=False),
-    Column("queries", Integer, nullable=False),
-    Column("keys", Integer, nullable=False),
-    Column("batch", Integer, nullable=False),
-    Column("masked", Boolean, nullable=False),
-    Column("sw_index", Integer, nullable=False),
-    Column("power", String(64), nullable=False),
-    Column("factors", String(256), nullable=False),
-    Column("device", String(128), nullable=False),
-    Column("arch", String(32), nullable=False),
+_COLUMN_TYPES = {"str": lambda: String(128), "int": lambda: Integer, "bool": lambda: Boolean, "tuple[float, ...]": lambda: String(256)}
+_KEY_COLUMNS = [  # one column per ProblemKey field (factors as comma-separated text)
+    Column(name, _COLUMN_TYPES[kind](), nullable=False) for name, kind in KEY_FIELD_TYPES.items()
 ]
 _PROVENANCE_COLUMNS = [
     Column(name, Boolean if name == "interpreter" else String(256), nullable=False)
@@ -105,12 +92,16 @@ def _factors_text(factors: tuple[float, ...]) -> str:
     return ",".join(repr(f) for f in factors)
 
 
+def _key_values(key: ProblemKey) -> tuple:
+    """The key's column values (factors as text)."""
+    return tuple(_factors_text(v) if name == "factors" else v for name, v in zip(ProblemKey._fields, key))
+
+
 def _row(entry: TunedEntry) -> dict:
-    row = {"key_text": entry.key_text, **entry.key._asdict()}
-    row["factors"] = _factors_text(entry.key.factors)
+    row = {"key_text": entry.key_text, **dict(zip(ProblemKey._fields, _key_values(entry.key)))}
     row.update(
         variant=entry.variant,
-        config=json.dumps(entry.config.__dict__, sort_keys=True),
+        config=json.dumps(dict(entry.config), sort_keys=True),
         median_ms=entry.median_ms,
         default_ms=entry.default_ms,
         max_error=entry.max_error,
@@ -132,7 +123,7 @@ def _entry(row) -> TunedEntry:
     return TunedEntry(
         key=ProblemKey(**key),
         variant=m["variant"],
-        config=KernelConfig(**json.loads(m["config"])),
+        config=KernelConfig(json.loads(m["config"])),
         median_ms=m["median_ms"],
         default_ms=m["default_ms"],
         max_error=m["max_error"],
@@ -179,7 +170,11 @@ class Store:
         path = sqlite_path(url)
         if path is not None and not path.is_file():
             raise StoreError(f"no store at {path}")
-        store = cls(url, _engine(url, writer=False), writable=False)
+        engine_url = url
+        if path is not None and not (os.access(path, os.W_OK) and os.access(path.parent, os.W_OK)):
+            # Read-only media or folder: SQLite could not even create its lock files; read it as immutable.
+            engine_url = f"sqlite:///file:{path}?mode=ro&immutable=1&uri=true"
+        store = cls(url, _engine(engine_url, writer=False), writable=False)
         store._check_schema(create=False)
         return store
 
@@ -264,6 +259,16 @@ class Store:
         with self._transaction(write=False) as conn:
             row = conn.execute(select(entries_table).where(entries_table.c.key_text == key_text)).first()
         return None if row is None else _entry(row)
+
+    def entries_for_arch(self, key: ProblemKey) -> list[TunedEntry]:
+        """Entries for ``key`` measured on other GPUs of the same architecture, by GPU name."""
+        match = [c == value for c, value in zip(
+            (entries_table.c[name] for name in ProblemKey._fields), _key_values(key)) if c.name != "device"]
+        with self._transaction(write=False) as conn:
+            rows = conn.execute(
+                select(entries_table).where(*match, entries_table.c.device != key.device).order_by(entries_table.c.device)
+            ).all()
+        return [_entry(r) for r in rows]
 
     def entries(self) -> list[TunedEntry]:
         """Every entry, ordered by key text."""

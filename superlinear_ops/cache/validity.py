@@ -19,8 +19,9 @@ def why_stale(entry: TunedEntry) -> str | None:
     current = kernel_hash(op, entry.variant)
     if entry.provenance.kernel_hash != current:
         return f"kernel source changed (entry {entry.provenance.kernel_hash}, code {current})"
-    if variant.space and not variant.contains(entry.config):
-        return f"configuration {entry.config} is outside the variant's declared space"
+    outside = variant.violation(entry.config)
+    if outside is not None:
+        return f"configuration {entry.config.text()} is outside the variant's declared space: {outside}"
     return None
 
 

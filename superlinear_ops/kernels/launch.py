@@ -1,29 +1,72 @@
-"""What every span-kernel launcher takes: the prepared tensors and the compile-time configuration."""
+"""What every kernel launcher takes: the prepared tensors and the named compile-time configuration."""
 
 from __future__ import annotations
 
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 
 import torch
 
 
-@dataclass(frozen=True)
-class KernelConfig:
-    """Tunable compile-time parameters of a span kernel launch."""
+class KernelConfig(Mapping[str, int]):
+    """A launch's compile-time parameters by name (each variant declares its own names and values).
 
-    block_k: int = 64
-    num_warps: int = 4
-    num_stages: int = 2
+    An immutable mapping of names to positive ints, e.g. ``KernelConfig(block_k=64, num_warps=4)``;
+    parameters also read as attributes (``config.block_k``).
+    """
 
-    def __post_init__(self) -> None:
-        for name in ("block_k", "num_warps", "num_stages"):
-            value = getattr(self, name)
+    __slots__ = ("_values",)
+
+    def __init__(self, values: Mapping[str, int] | None = None, /, **named: int) -> None:
+        merged = {**(values or {}), **named}
+        for name, value in merged.items():
+            if not isinstance(name, str) or not name.isidentifier():
+                raise ValueError(f"configuration parameter names must be identifiers, got {name!r}")
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ValueError(f"{name} must be a positive int, got {value!r}")
-        if self.block_k & (self.block_k - 1) or not 1 <= self.block_k <= 1024:
-            raise ValueError(f"block_k must be a power of two in [1, 1024], got {self.block_k}")
-        if self.num_warps & (self.num_warps - 1) or self.num_warps > 32:
-            raise ValueError(f"num_warps must be a power of two <= 32, got {self.num_warps}")
+        object.__setattr__(self, "_values", dict(sorted(merged.items())))
+
+    def __getitem__(self, name: str) -> int:
+        return self._values[name]
+
+    def __getattr__(self, name: str) -> int:
+        try:
+            return self._values[name]
+        except KeyError:
+            raise AttributeError(f"this configuration has no parameter {name!r} (it has {sorted(self._values)})") from None
+
+    def __setattr__(self, name: str, value: object) -> None:
+        raise AttributeError("KernelConfig is immutable; use replace()")
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._values)
+
+    def __len__(self) -> int:
+        return len(self._values)
+
+    def __hash__(self) -> int:
+        return hash(tuple(self._values.items()))
+
+    def __repr__(self) -> str:
+        return f"KernelConfig({', '.join(f'{k}={v}' for k, v in self._values.items())})"
+
+    def __reduce__(self):
+        return (KernelConfig, (self._values,))
+
+    def replace(self, **changes: int) -> "KernelConfig":
+        """A copy with ``changes`` applied."""
+        return KernelConfig(self._values, **changes)
+
+    def text(self) -> str:
+        """'block_k=64 num_warps=4 ...' ('-' when empty)."""
+        return " ".join(f"{k}={v}" for k, v in self._values.items()) or "-"
+
+
+def check_block_k(block_k: int) -> int:
+    """``block_k`` as a caller may force it: a power of two in [1, 1024]; ValueError otherwise."""
+    if isinstance(block_k, bool) or not isinstance(block_k, int) or not 1 <= block_k <= 1024 or block_k & (block_k - 1):
+        raise ValueError(f"block_k must be a power of two in [1, 1024] (or None to let the library choose), got {block_k!r}")
+    return block_k
 
 
 @dataclass(frozen=True)

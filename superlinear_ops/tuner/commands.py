@@ -5,18 +5,13 @@ from __future__ import annotations
 import argparse
 import math
 
+from ..devices import select_device
 from .search import SAMPLERS, SearchSettings
-
-
-def _device(args: argparse.Namespace):
-    from ..cli import select_device
-
-    return select_device(args.device)
 
 
 def tune_command(args: argparse.Namespace) -> int:
     """Run the tuner over a workload and print one row per problem."""
-    device = _device(args)
+    device = select_device(args.device)
     settings = SearchSettings(trials=args.trials, timeout_s=args.timeout, sampler=args.sampler, seed=args.seed)
     if args.worker_only:
         from .tune import work
@@ -27,9 +22,9 @@ def tune_command(args: argparse.Namespace) -> int:
 
     results = tune(args.workload, settings=settings, storage=args.storage, cache=args.cache, device=device,
                    workers=args.workers, progress=not args.no_progress, only=args.problems)
-    print(f"{'problem':<38}{'default ms':>12}{'best ms':>12}{'speedup':>9}  {'variant':<16}{'bk/warps/stages':>16}{'trials':>8}{'failed':>7}{'pruned':>7}")
+    print(f"{'problem':<38}{'default ms':>12}{'best ms':>12}{'speedup':>9}{'trials':>8}{'failed':>7}{'pruned':>7}  variant: configuration")
     for r in results:
-        print(f"{r.label:<38}{r.default_ms:>12.4f}{r.best_ms:>12.4f}{r.speedup:>8.2f}x  {r.variant:<16}{r.config:>16}{r.trials:>8}{r.failed:>7}{r.pruned:>7}")
+        print(f"{r.label:<38}{r.default_ms:>12.4f}{r.best_ms:>12.4f}{r.speedup:>8.2f}x{r.trials:>8}{r.failed:>7}{r.pruned:>7}  {r.variant}: {r.config}")
     return 0
 
 
@@ -40,7 +35,7 @@ def verify_command(args: argparse.Namespace) -> int:
 
     if args.cache:
         use_cache(args.cache)
-    rows = verify(args.workload, _device(args), args.threshold, args.problems)
+    rows = verify(args.workload, select_device(args.device), args.threshold, args.problems)
     print(f"{'problem':<38}{'default ms':>12}{'tuned ms':>12}  verdict")
     for label, default_ms, tuned_ms, verdict in rows:
         print(f"{label:<38}{default_ms:>12.4f}{tuned_ms:>12.4f}  {verdict}")
@@ -55,7 +50,7 @@ def bench_command(args: argparse.Namespace) -> int:
 
     if args.cache:
         use_cache(args.cache)
-    rows = run_bench(args.workload, _device(args), args.output, args.plot, args.problems)
+    rows = run_bench(args.workload, select_device(args.device), args.output, args.plot, args.problems)
     print(f"{'problem':<38}{'default':>10}{'tuned':>10}{'speedup':>9}{'SDPA':>10}{'bound':>10}  tuned choice (source)")
     for r in rows:
         bound = "-" if math.isnan(r.lower_bound_ms) else f"{r.lower_bound_ms:.4f}"

@@ -17,7 +17,7 @@ from dataclasses import dataclass, replace
 
 import torch
 
-from ..decode import DecodeSettings
+from ..decode.settings import DecodeSettings
 from ..kernels.launch import KernelConfig, LaunchGeometry
 from ..problem import SPAN_BACKWARD, STAGED_DECODE, Problem
 from ..registry import REGISTRY, Variant
@@ -112,8 +112,7 @@ def run(variant: Variant, config: KernelConfig, problem: Problem, x: Inputs) -> 
         return (variant.launch(x.q1, x.q, x.k, x.v, x.cache_position, x.mask, _settings(problem), config),)
     geo = LaunchGeometry.prepare(x.q, x.k, x.v, x.qstart, x.qend, x.cache_position, x.mask, problem.window)
     if problem.op == SPAN_BACKWARD:
-        forward = REGISTRY.variants("span_forward")
-        fwd = next(v for v in forward if not v.not_supported_reasons(problem._replace(op="span_forward")))
+        fwd = REGISTRY.fallback(problem._replace(op="span_forward"))
         out, lse = fwd.launch(geo, fwd.default(problem))
         return tuple(variant.launch(geo, config, out, lse, x.grad_out))
     out, _ = variant.launch(geo, config)
@@ -133,8 +132,8 @@ def relative_error(got: tuple[torch.Tensor, ...], expected: tuple[torch.Tensor, 
 
 def reference_outputs(problem: Problem, x: Inputs) -> tuple[torch.Tensor, ...]:
     """The float64 reference outputs for ``x``."""
-    reference = REGISTRY.variants(problem.op)[-1]
-    return run(reference, KernelConfig(), problem._replace(dtype="float64"), x.cast(torch.float64))
+    reference = REGISTRY.reference(problem.op)
+    return run(reference, reference.default(problem), problem._replace(dtype="float64"), x.cast(torch.float64))
 
 
 def tolerance(problem: Problem) -> float:
@@ -168,7 +167,7 @@ class ProblemBench:
         self.check_inputs = make_inputs(check_case, device, seed + 1, **small)
         self.check_problem = self.problem._replace(queries=small["queries"], keys=small["keys"])
         self.check_expected = reference_outputs(self.check_problem, self.check_inputs)
-        self.default_variant = next(v for v in REGISTRY.variants(self.problem.op) if not v.not_supported_reasons(self.problem))
+        self.default_variant = REGISTRY.fallback(self.problem)
         self.default_config = self.default_variant.default(self.problem)
         self._baseline: tuple[torch.Tensor, ...] | None = None
 

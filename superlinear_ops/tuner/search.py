@@ -16,7 +16,6 @@ from optuna.trial import TrialState
 from sqlalchemy.exc import IntegrityError, OperationalError
 
 from ..buckets import ProblemKey
-from ..cache.provenance import kernel_hash
 from ..kernels.launch import KernelConfig
 from ..problem import Problem
 from ..registry import REGISTRY, Variant
@@ -50,14 +49,14 @@ def tunable_variants(problem: Problem) -> list[Variant]:
 
 def params_of(variant: Variant, config: KernelConfig) -> dict:
     """The trial parameters that select ``variant`` with ``config``."""
-    return {"variant": variant.name, **{f"{variant.name}.{p.name}": getattr(config, p.name) for p in variant.space}}
+    return {"variant": variant.name, **{f"{variant.name}.{p.name}": config[p.name] for p in variant.space}}
 
 
 def candidate_of(params: dict) -> tuple[str, KernelConfig]:
     """Inverse of ``params_of``: (variant name, configuration)."""
     name = params["variant"]
     values = {k.split(".", 1)[1]: v for k, v in params.items() if k.startswith(f"{name}.")}
-    return name, KernelConfig(**values)
+    return name, KernelConfig(values)
 
 
 def space_size(variants: list[Variant]) -> int:
@@ -86,7 +85,7 @@ def space_fingerprint(op: str) -> str:
     digest = hashlib.sha256()
     for variant in REGISTRY.variants(op):
         if variant.space:
-            digest.update(f"{variant.name}:{kernel_hash(op, variant.name)}:{variant.space};".encode())
+            digest.update(f"{variant.name}:{variant.code_hash}:{variant.space};".encode())
     return digest.hexdigest()[:8]
 
 
@@ -141,8 +140,8 @@ def run_search(
     def objective(trial: optuna.Trial) -> float:
         name = trial.suggest_categorical("variant", list(variants))
         variant = variants[name]
-        config = KernelConfig(**{p.name: trial.suggest_categorical(f"{name}.{p.name}", list(p.values)) for p in variant.space})
-        reason = variant.compile_check(problem, config)
+        config = KernelConfig({p.name: trial.suggest_categorical(f"{name}.{p.name}", list(p.values)) for p in variant.space})
+        reason = variant.violation(config) or variant.compile_check(problem, config)
         if reason is not None:
             trial.set_user_attr("pruned", reason)
             raise optuna.TrialPruned(reason)

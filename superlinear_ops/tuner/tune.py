@@ -104,15 +104,14 @@ def summarise(case: Case, study: optuna.Study) -> tuple[Result, Winner | None]:
     key_text = key_of(case.problem).text()
     if not complete:
         return Result(case.label, key_text, math.nan, math.nan, "-", "-", len(trials), failed, pruned), None
-    default_variant = next(v for v in REGISTRY.variants(case.problem.op) if not v.not_supported_reasons(case.problem))
+    default_variant = REGISTRY.fallback(case.problem)
     default_params = params_of(default_variant, default_variant.default(case.problem))
     default = next((t for t in complete if t.params == default_params), None)
     best = min(complete, key=lambda t: t.value)
     name, config = candidate_of(best.params)
     winner = Winner(name, config, best.value, default.value if default is not None else math.inf,
                     float(best.user_attrs.get("max_error", math.nan)))
-    label = f"{config.block_k}/{config.num_warps}/{config.num_stages}"
-    return Result(case.label, key_text, winner.default_ms, winner.median_ms, name, label, len(trials), failed, pruned), winner
+    return Result(case.label, key_text, winner.default_ms, winner.median_ms, name, config.text(), len(trials), failed, pruned), winner
 
 
 def tune(

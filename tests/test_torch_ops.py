@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 
 import superlinear_ops
-from superlinear_ops import geometry, library
+from superlinear_ops import geometry, torch_ops as library
 from superlinear_ops.problem import Problem
 
 B, HQ, HKV, LQ, LKV, D, K = 1, 4, 2, 3, 48, 16, 2

@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import torch
 
-from .decode import DecodeSettings
-from .decode_fused import search_spans
-from .kernels.launch import KernelConfig
+from ..kernels.launch import KernelConfig
+from .search import search_spans
+from .settings import DecodeSettings
 
 
 def split_window_decode(
@@ -21,7 +21,7 @@ def split_window_decode(
     config: KernelConfig,
 ) -> torch.Tensor:
     """Decode output [B, Hq, 1, D] for validated inputs."""
-    from .kernels.decode_split import split_decode_attention  # imports Triton on first use only
+    from .split_window_kernels import split_decode_attention  # imports Triton on first use only
 
     qstart, qend, scores, tables = search_spans(q1, k, cache_position, attention_mask, settings)
     return split_decode_attention(

@@ -11,7 +11,7 @@ import torch
 from torch import Tensor
 
 from . import dispatch, geometry
-from .decode import DecodeSettings
+from .decode.settings import DecodeSettings
 from .kernels.launch import LaunchGeometry
 from .problem import SPAN_BACKWARD, SPAN_FORWARD, Problem
 

@@ -17,8 +17,8 @@ import torch
 import triton
 import triton.language as tl
 
-from .common import LOG2E, span_bounds, window_bounds
-from .span_forward import _online_softmax_segment
+from ..kernels.common import LOG2E, span_bounds, window_bounds
+from ..kernels.span_forward import _online_softmax_segment
 
 
 @triton.jit

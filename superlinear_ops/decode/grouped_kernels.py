@@ -33,7 +33,7 @@ import triton.language as tl
 
 from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
-from .common import LOG2E, window_bounds
+from ..kernels.common import LOG2E, window_bounds
 
 NO_STRIPE = tl.constexpr(2**31 - 1)  # candidate stripe index that loses every tie
 WINDOW_CHUNK = 64  # keys per window program (one tensor-core step: window programs finish early)

@@ -8,33 +8,11 @@ every O_j is the attention over keys [0, pos] and the uniform gate returns exact
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from dataclasses import dataclass
-
 import torch
 
-from . import geometry
-from .kernels.launch import LaunchGeometry
-
-SpanForward = Callable[[LaunchGeometry], tuple[torch.Tensor, torch.Tensor]]
-
-
-@dataclass(frozen=True)
-class DecodeSettings:
-    """The checked scalar arguments of a staged-decode call."""
-
-    sw_index: int
-    topk: int
-    backward_factor: float
-    forward_factor: float
-    span_power: float
-    params: geometry.PowerParams
-
-    @property
-    def window(self) -> int:
-        """Sliding-window length W."""
-        return geometry.window_length(self.sw_index, self.params)
-
+from .. import geometry
+from ..kernels.launch import LaunchGeometry
+from .settings import DecodeSettings, SpanForward, gate_and_combine
 
 def staged_decode(
     q1: torch.Tensor,
@@ -93,8 +71,4 @@ def staged_decode(
     span_out, _ = span_forward(geo)  # [B, Hq, 1, topk, D]
 
     # 5. Gate: softmax over the chosen spans' scores; uniform when no span was chosen.
-    any_chosen = chosen.any(dim=-1, keepdim=True)
-    gate_logits = torch.where(any_chosen, top_scores, torch.zeros_like(top_scores))
-    gate = torch.softmax(gate_logits, dim=-1)  # [B, Hq, topk]
-    out = (gate[:, :, None, :, None] * span_out.float()).sum(dim=3)
-    return out.to(q2.dtype)
+    return gate_and_combine(top_scores, span_out, q2.dtype)

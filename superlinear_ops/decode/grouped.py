@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import torch
 
-from .decode import DecodeSettings
-from .decode_tables import decode_tables
-from .kernels.launch import KernelConfig
+from ..kernels.launch import KernelConfig
+from .settings import DecodeSettings
+from .tables import decode_tables
 
 
 def grouped_decode(
@@ -20,12 +20,12 @@ def grouped_decode(
     settings: DecodeSettings,
     config: KernelConfig,
 ) -> torch.Tensor:
-    """Decode output [B, Hq, 1, D] for validated inputs (three launches, no host synchronisation)."""
-    from .kernels.decode_grouped import grouped_decode_attention  # imports Triton on first use only
+    """Decode output [B, Hq, 1, D] for validated inputs (two launches, no host synchronisation)."""
+    from .grouped_kernels import grouped_decode_attention  # imports Triton on first use only
 
     tables = decode_tables(k.shape[2], settings, q1.device)
     return grouped_decode_attention(
         q1, q2, k, v, cache_position, attention_mask, tables.offsets, tables.back, tables.forward,
         settings.window, settings.topk, tables.longest_span,
-        block_k=config.block_k, num_warps=config.num_warps, num_stages=config.num_stages,
+        block_k=config.block_k, num_warps=config.num_warps, num_stages=config.num_stages, chunk=config.chunk,
     )

@@ -7,8 +7,8 @@ from typing import NamedTuple
 
 import torch
 
-from . import geometry
-from .decode import DecodeSettings
+from .. import geometry
+from .settings import DecodeSettings
 
 
 class DecodeTables(NamedTuple):

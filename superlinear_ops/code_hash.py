@@ -1,0 +1,107 @@
+"""The hash a tuned entry's validity follows: the code a variant actually runs.
+
+Starting from a variant's launcher, every function, class and Triton kernel of this package that
+it reaches (by name, attribute of a package module, import inside a function body, closure cell or
+``functools.partial``) is hashed as its syntax tree with docstrings removed, together with the
+package-level constants it reads. Comments, docstrings and formatting do not change the hash;
+any change to code that runs does, and only for the variants that reach it.
+"""
+
+from __future__ import annotations
+
+import ast
+import functools
+import hashlib
+import importlib
+import inspect
+import textwrap
+import types
+from collections.abc import Iterator
+
+PACKAGE = __name__.split(".")[0]
+_CONSTANTS = (int, float, str, bool, bytes, tuple, frozenset, type(None))
+
+
+def _in_package(obj: object) -> bool:
+    module = getattr(obj, "__module__", None) or ""
+    return module == PACKAGE or module.startswith(PACKAGE + ".")
+
+
+def _python_function(obj: object) -> object:
+    """The Python function behind a Triton JIT function (or ``obj`` itself)."""
+    return getattr(obj, "fn", obj) if type(obj).__module__.startswith("triton") else obj
+
+
+def _strip_docstrings(tree: ast.AST) -> ast.AST:
+    for node in ast.walk(tree):
+        if isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)) and node.body:
+            first = node.body[0]
+            if isinstance(first, ast.Expr) and isinstance(first.value, ast.Constant) and isinstance(first.value.value, str):
+                node.body = node.body[1:] or [ast.Pass()]
+    return tree
+
+
+@functools.lru_cache(maxsize=None)
+def _tree(obj: object) -> ast.AST:
+    return _strip_docstrings(ast.parse(textwrap.dedent(inspect.getsource(obj))))
+
+
+def _namespace(obj: object) -> dict:
+    return getattr(obj, "__globals__", None) or vars(inspect.getmodule(obj))
+
+
+def _imported(node: ast.ImportFrom, obj: object) -> Iterator[object]:
+    """The objects an ``import`` inside a function body brings in."""
+    base = inspect.getmodule(obj).__name__.rsplit(".", 1)[0] if node.level else ""
+    for _ in range(max(node.level - 1, 0)):
+        base = base.rsplit(".", 1)[0]
+    name = ".".join(part for part in (base, node.module) if part)
+    if name.split(".")[0] != PACKAGE:
+        return
+    module = importlib.import_module(name)
+    for alias in node.names:
+        yield getattr(module, alias.name, None) or importlib.import_module(f"{name}.{alias.name}")
+
+
+def _references(obj: object) -> Iterator[object]:
+    """What ``obj``'s code names: globals, attributes of package modules, in-body imports, closures."""
+    namespace = _namespace(obj)
+    for node in ast.walk(_tree(obj)):
+        if isinstance(node, ast.Name) and node.id in namespace:
+            yield namespace[node.id]
+        elif isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name):
+            module = namespace.get(node.value.id)
+            if isinstance(module, types.ModuleType) and module.__name__.startswith(PACKAGE):
+                yield getattr(module, node.attr, None)
+        elif isinstance(node, ast.ImportFrom):
+            yield from _imported(node, obj)
+    for cell in getattr(obj, "__closure__", None) or ():
+        yield cell.cell_contents
+
+
+def _digest_into(digest, obj: object, seen: set[int]) -> None:
+    if id(obj) in seen:
+        return
+    seen.add(id(obj))
+    if isinstance(obj, functools.partial):
+        digest.update(repr((obj.args, sorted(obj.keywords.items()))).encode())
+        _digest_into(digest, obj.func, seen)
+        return
+    target = _python_function(obj)
+    if not (inspect.isfunction(target) or inspect.isclass(target)) or not _in_package(target):
+        return
+    digest.update(f"{target.__module__}.{target.__qualname__}:{ast.dump(_tree(target))}".encode())
+    for ref in _references(target):
+        if isinstance(ref, _CONSTANTS):
+            digest.update(repr(ref).encode())
+        elif not isinstance(ref, types.ModuleType):
+            _digest_into(digest, ref, seen)
+
+
+def code_hash(*entry_points: object) -> str:
+    """sha256 (16 hex digits) of the package code reachable from ``entry_points`` (see the module)."""
+    digest = hashlib.sha256()
+    seen: set[int] = set()
+    for obj in entry_points:
+        _digest_into(digest, obj, seen)
+    return digest.hexdigest()[:16]

@@ -1,0 +1,14 @@
+"""Staged decode (SPEC section 3): one module per registered variant.
+
+- ``staged``: the original-style orchestration (search and top-k in PyTorch, then a span forward);
+- ``split_window``: the stripe search in one Triton kernel (``search``, ``search_kernel``), then
+  chunked span/window attention merged once per head with the gate (``split_window_kernels``);
+- ``grouped``: search and window once per KV group on tensor cores, spans in chunks, two launches
+  (``grouped_kernels``).
+``settings`` holds what they share (the checked scalars and the gate), ``tables`` the exact integer
+tables they read on the device.
+"""
+
+from .settings import DecodeSettings
+
+__all__ = ["DecodeSettings"]
