@@ -84,6 +84,15 @@ class Explanation:
         return "\n".join(lines)
 
 
+def _key(problem: Problem) -> ProblemKey:
+    """``key_of(problem)``; a malformed problem raises its field's ValueError/TypeError instead."""
+    try:
+        return key_of(problem)
+    except (AttributeError, TypeError):
+        problem.check()
+        raise
+
+
 class NoVariantError(ValueError):
     """No registered variant applies to a problem."""
 
@@ -100,7 +109,7 @@ class Dispatcher:
 
     def select(self, problem: Problem) -> Choice:
         """The variant and configuration for ``problem`` (memoised per key)."""
-        key = key_of(problem)
+        key = _key(problem)
         choice = self._memo.get(key)
         if choice is None:
             with self._lock:
@@ -113,7 +122,7 @@ class Dispatcher:
 
     def explain(self, problem: Problem) -> Explanation:
         """What ``select`` would decide for ``problem`` and why (consults the layers afresh)."""
-        key = key_of(problem)
+        key = _key(problem)
         try:
             return self._resolve(bucketed(problem.check()), key, Explanation(key))
         except NoVariantError as err:
