@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import re
 import sys
 
 from .devices import select_device
@@ -144,14 +145,22 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(
         level=logging.DEBUG if args.verbose else logging.INFO, format="%(levelname)s %(name)s: %(message)s"
     )
+    from sqlalchemy.exc import SQLAlchemyError
+
     from .cache.store import StoreError
 
     if getattr(args, "normalise_trials", False) and args.trials == 0:
         args.trials = None
     try:
         return args.handler(args)
-    except (StoreError, ValueError, OSError) as err:
-        print(f"error: {err}", file=sys.stderr)
+    except re.error as err:
+        print(f"error: --problems is not a valid regular expression: {err}", file=sys.stderr)
+        return 2
+    except SQLAlchemyError as err:
+        print(f"error: cannot use that storage or cache: {str(err).splitlines()[0]}", file=sys.stderr)
+        return 2
+    except (StoreError, ValueError, TypeError, OSError) as err:
+        print(f"error: {str(err).splitlines()[0] if str(err) else err.__class__.__name__}", file=sys.stderr)
         return 2
 
 

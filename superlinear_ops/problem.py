@@ -21,6 +21,7 @@ STAGED_DECODE = "staged_decode"
 OPS = (SPAN_FORWARD, SPAN_BACKWARD, STAGED_DECODE)
 _DTYPE_NAMES = {dt: str(dt).removeprefix("torch.") for dt in (torch.float16, torch.bfloat16, torch.float32, torch.float64)}
 MAX_HEAD_DIM = 256
+DECODE_FACTORS = ("backward_factor", "forward_factor", "span_power")
 
 
 class DeviceIdentity(NamedTuple):
@@ -112,14 +113,12 @@ class Problem(NamedTuple):
         geometry.PowerParams.from_label(self.power)  # ValueError naming the power label
         if not isinstance(self.device, DeviceIdentity):
             raise TypeError(f"device must be a DeviceIdentity (see device_identity), got {self.device!r}")
-        expected = 3 if self.op == STAGED_DECODE else 0
-        if len(self.factors) != expected or not all(
-            isinstance(f, (int, float)) and not isinstance(f, bool) and math.isfinite(f) and f >= 0 for f in self.factors
-        ):
-            raise ValueError(
-                f"factors must be {'(backward_factor, forward_factor, span_power), finite and >= 0' if expected else '() for span ops'}"
-                f", got {self.factors!r}"
-            )
+        names = DECODE_FACTORS if self.op == STAGED_DECODE else ()
+        if not isinstance(self.factors, tuple) or len(self.factors) != len(names):
+            raise ValueError(f"factors must be ({', '.join(names)}) for {self.op}, got {self.factors!r}")
+        for name, value in zip(names, self.factors):
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value < 0:
+                raise ValueError(f"{name} must be a finite number >= 0, got {value!r}")
         return self
 
     @property

@@ -200,6 +200,7 @@ def test_problems_of_one_bucket_get_one_answer_on_either_side_of_a_limit(monkeyp
     ("keys", -5, "keys must be a positive int"),
     ("device", None, "device must be a DeviceIdentity"),
     ("factors", (3.0,), "factors must be"),
+    ("factors", (3.0, 1.0, float("nan")), "span_power must be a finite number"),
 ])
 def test_select_and_explain_check_every_field(field, value, match) -> None:
     bad = decode_problem()._replace(**{field: value})

@@ -37,8 +37,13 @@ def export(args: argparse.Namespace) -> int:
 
 
 def import_(args: argparse.Namespace) -> int:
-    """Merge a YAML file into the store (faster entries win unless --force)."""
+    """Merge a YAML file into the store (faster entries win unless --force); every entry must be one
+    this version can run (known op, variant and tunables), else nothing is imported."""
     entries = yaml_file.read(args.file)
+    for index, entry in enumerate(entries):
+        reason = why_stale(entry)
+        if reason is not None and not reason.startswith("kernel source changed"):
+            raise ValueError(f"{args.file}: entry {index} ({entry.key_text}): {reason}; nothing imported")
     with Store.writer(args.cache) as store:
         written = store.put_many(entries, force=args.force)
     log.info("imported %d of %d entries from %s into %s", written, len(entries), args.file, store.url)

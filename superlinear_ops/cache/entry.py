@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import math
 from dataclasses import asdict, dataclass, fields
 
 from ..buckets import ProblemKey
 from ..kernels.launch import KernelConfig
+from ..problem import OPS
 
 
 @dataclass(frozen=True)
@@ -39,6 +41,18 @@ class TunedEntry:
     trials: int
     seed: int
     provenance: Provenance
+
+    def __post_init__(self) -> None:
+        if self.key.op not in OPS:
+            raise ValueError(f"key.op must be one of {OPS}, got {self.key.op!r}")
+        if not (math.isfinite(self.median_ms) and self.median_ms > 0):
+            raise ValueError(f"timing.median_ms must be a finite time > 0, got {self.median_ms!r}")
+        if not self.default_ms > 0:  # inf: the default failed
+            raise ValueError(f"timing.default_ms must be > 0 (inf when the default failed), got {self.default_ms!r}")
+        if not (self.max_error >= 0 or math.isnan(self.max_error)):
+            raise ValueError(f"timing.max_error must be >= 0, got {self.max_error!r}")
+        if self.trials < 1:
+            raise ValueError(f"search.trials must be >= 1, got {self.trials!r}")
 
     @property
     def key_text(self) -> str:

@@ -82,17 +82,21 @@ class EntryLayer:
 
 
 class StoreLayer(EntryLayer):
-    """A SQLAlchemy store (opened read-only on first use)."""
+    """A SQLAlchemy store (opened read-only on first use). A missing ``required`` store (one the user
+    named) warns once; a missing optional one (the user's store before any tuning) is a quiet miss."""
 
-    def __init__(self, name: str, location: str | os.PathLike | None) -> None:
+    def __init__(self, name: str, location: str | os.PathLike | None, required: bool = False) -> None:
         super().__init__(name, str(location if location is not None else user_store_path()))
         self._location = location
+        self._required = required
         self._store: Store | None = None
 
     def _fetch(self, key: ProblemKey) -> TunedEntry | None:
         if self._store is None:
             path = sqlite_path(resolve_url(self._location))
             if path is not None and not path.exists():
+                if self._required:
+                    raise StoreError(f"no store at {path}")
                 raise AbsentSource(f"no store at {path}")
             self._store = Store.reader(self._location)
         return self._store.get(key.text())
@@ -141,11 +145,13 @@ def shipped_files() -> list[pathlib.Path]:
 
 def layer_for(location: str | os.PathLike, name: str = "explicit") -> EntryLayer:
     """A layer for a SQLite file, a YAML file or a database URL."""
+    if not isinstance(location, (str, os.PathLike)):
+        raise TypeError(f"a cache location must be a path or a database URL string, got {location!r}")
     text = str(location)
     if text.endswith((".yaml", ".yml")) and "://" not in text:
         path = pathlib.Path(text).expanduser()
         return YamlLayer(name, lambda: [path], str(path))
-    return StoreLayer(name, location)
+    return StoreLayer(name, location, required=True)
 
 
 def default_layers(explicit: str | os.PathLike | None = None) -> list[EntryLayer]:

@@ -14,7 +14,7 @@ def why_stale(entry: TunedEntry) -> str | None:
     op = entry.key.op
     try:
         variant = REGISTRY.get(op, entry.variant)
-    except KeyError:
+    except (KeyError, ValueError):  # unknown variant, or unknown op
         return f"variant {op}/{entry.variant} is not registered in this version"
     current = kernel_hash(op, entry.variant)
     if entry.provenance.kernel_hash != current:

@@ -61,8 +61,8 @@ def read(path: str | os.PathLike) -> list[TunedEntry]:
     path = pathlib.Path(path)
     try:
         document = yaml.safe_load(path.read_text(encoding="utf-8"))
-    except yaml.YAMLError as err:
-        raise ValueError(f"{path}: not valid YAML: {err}") from err
+    except (yaml.YAMLError, UnicodeDecodeError) as err:
+        raise ValueError(f"{path}: not a YAML text file: {err}") from err
     if not isinstance(document, dict) or document.get("format") != FORMAT:
         raise ValueError(f"{path}: not a {FORMAT} file (top-level 'format: {FORMAT}' missing)")
     if document.get("version") != FORMAT_VERSION:
