@@ -18,7 +18,7 @@ slops() { python3 -m superlinear_ops.cli "$@"; }
 workload=tuning/superlinear-exp-v0.1.yaml
 case "$step" in
 tune)
-    slops tune "$workload" --trials 24 --timeout 12 --storage "$out/studies.sqlite" --cache "$out/h200.sqlite" --no-progress
+    slops tune "$workload" --trials 24 --timeout 12 --storage "$out/studies.log" --cache "$out/h200.sqlite" --no-progress
     slops cache export --cache "$out/h200.sqlite" -o cache/nvidia-h200.yaml
     cp cache/nvidia-h200.yaml "$out/"
     slops explain --workload "$workload" > "$out/explain.txt"
@@ -30,6 +30,6 @@ check)
     ;;
 sweep)
     slops tune tuning/sweep-model-m.yaml --sampler exhaustive --trials 0 --timeout "$4" --problems "$3" \
-        --storage "$out/sweep.sqlite" --cache "$out/sweep-cache.sqlite" --no-progress
+        --storage "$out/sweep.log" --cache "$out/sweep-cache.sqlite" --no-progress
     ;;
 esac

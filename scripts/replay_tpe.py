@@ -5,7 +5,7 @@ TPE sampler (same settings, several fixed seeds, the heuristic default enqueued 
 measured times: each TPE trial returns the exhaustive measurement of the configuration it picks,
 and configurations the static check rejected are pruned, as in a live run.
 
-Run:  python scripts/replay_tpe.py STUDIES.sqlite [...] --out results.json
+Run:  python scripts/replay_tpe.py STUDIES.log [...] --out results.json   (journal files or SQLite)
 """
 
 from __future__ import annotations
@@ -18,6 +18,7 @@ import optuna
 from optuna.trial import TrialState
 
 from superlinear_ops.tuner.search import SearchSettings, make_sampler
+from superlinear_ops.tuner.tune import open_storage
 
 SEEDS = range(10)
 WITHIN = 1.03
@@ -69,15 +70,15 @@ def replay(study: optuna.Study, sampler_name: str, seed: int, budget: int) -> in
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
-    parser.add_argument("storages", nargs="+", help="Optuna storage files holding exhaustive studies")
+    parser.add_argument("storages", nargs="+", help="Optuna storages (journal .log files, SQLite files or URLs) holding exhaustive studies")
     parser.add_argument("--out", default=None, help="JSON file for the results")
     args = parser.parse_args()
     optuna.logging.set_verbosity(optuna.logging.ERROR)
     rows = []
     for path in args.storages:
-        url = f"sqlite:///{path}"
-        for summary in optuna.get_all_study_summaries(url):
-            study = optuna.load_study(study_name=summary.study_name, storage=url)
+        storage = open_storage(path)
+        for summary in optuna.get_all_study_summaries(storage):
+            study = optuna.load_study(study_name=summary.study_name, storage=storage)
             times, pruned, _ = measured(study)
             best = min(times.values())
             default_ms = study.trials[0].value
