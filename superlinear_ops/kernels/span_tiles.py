@@ -22,7 +22,8 @@ from .launch import LaunchGeometry
 
 @dataclass(frozen=True)
 class SpanTiles:
-    """Triples of each group sorted by clamped span start (all int32, shape [G, N]).
+    """Triples of each group sorted by clamped span start (all int32, shape [G, N]); see
+    ``span_tile_plan`` for the order within a block of starts.
 
     ``order[g, n]`` is the in-group triple index of the n-th sorted triple; ``lo``/``hi`` its
     clamped inclusive span bounds (``hi < lo`` when it attends no span key: unused slot, empty or
@@ -61,14 +62,28 @@ def clamped_span_bounds(geo: LaunchGeometry) -> tuple[torch.Tensor, torch.Tensor
     return lo.to(torch.int32), hi.to(torch.int32)
 
 
-def span_tile_plan(geo: LaunchGeometry) -> SpanTiles:
-    """Sort each group's triples by clamped span start (empty spans last), on the device."""
-    batch, hq, lq, n_spans = geo.qstart.shape
-    groups = batch * geo.k.shape[1]
+def span_tile_plan(geo: LaunchGeometry, start_block: int = 1) -> SpanTiles:
+    """Sort each group's triples by clamped span start (empty spans last), on the device.
+
+    With ``start_block`` > 1 the sort key is (start // start_block, end): triples whose spans start
+    in the same block of keys are ordered by span end, so a tile of them covers about one span
+    length plus ``start_block`` keys even where many spans of different lengths start together
+    (training: every query attends a few early keys).
+    """
+    if isinstance(start_block, bool) or not isinstance(start_block, int) or start_block < 1:
+        raise ValueError(f"start_block must be a positive int, got {start_block!r}")
+    groups = geo.qstart.shape[0] * geo.k.shape[1]
     lo, hi = clamped_span_bounds(geo)
     lo, hi = lo.reshape(groups, -1), hi.reshape(groups, -1)
     empty = hi < lo
-    key = torch.where(empty, torch.full_like(lo, torch.iinfo(torch.int32).max), lo)
+    lkv = geo.k.shape[2]
+    if start_block == 1:
+        key = lo
+    else:  # lo // start_block and hi (0 <= hi < Lkv) packed into one int (int32 where it fits: faster sort)
+        wide = (lkv // start_block + 1) * (lkv + 1) >= torch.iinfo(torch.int32).max
+        dtype = torch.int64 if wide else torch.int32
+        key = (lo // start_block).to(dtype) * (lkv + 1) + hi.to(dtype)
+    key = torch.where(empty, torch.full_like(key, torch.iinfo(key.dtype).max), key)
     key, order = torch.sort(key, dim=1, stable=True)
     return SpanTiles(
         order=order.to(torch.int32),

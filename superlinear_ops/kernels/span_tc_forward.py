@@ -1,0 +1,164 @@
+"""Tensor-core span-attention forward for prefill and training: window once, spans in shared key tiles.
+
+1. ``window_attention`` (window_attention.py) computes each (b, h, q)'s window part once:
+   fp32 normalised output and log2-domain LSE.
+2. ``span_tile_plan`` (span_tiles.py) sorts each (batch, KV head) group's (head, query, slot)
+   triples by (clamped span start // 16, span end), on the device.
+3. ``span_tile_kernel``, one program per (tile of ``BLOCK_M`` sorted triples, group): gathers the
+   rows' Q, streams the K/V blocks of the tile's key range [min lo, max hi] with tensor-core dots,
+   per-row [lo, hi] and mask masking and an online softmax, merges each row with its window part by
+   log-sum-exp and writes out[b, h, q, j] and lse2[b, h, q, j] (every row exactly once; zeros and
+   +inf where no key is attended).
+
+No host synchronisation: grids and buffers depend on shapes only. Besides the outputs it allocates
+the window part (fp32, [B, Hq, Lq, D] + [B, Hq, Lq]) and the plan (three int32 [B * Hkv, Hq / Hkv * Lq * K]). Spans are clamped to end before
+their query's window (``hi <= pos - W``), so the two parts never share a key.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+
+import torch
+import triton
+import triton.language as tl
+
+from .common import LOG2E
+from .launch import LaunchGeometry
+from .span_tiles import span_tile_plan
+from .window_attention import attend_rows, block_d, upcast_dots, window_attention
+
+TC_FORWARD_DEFAULTS: dict[str, int] = {  # sm_90 (H200), bf16, D = 128, model M shapes
+    "window_block_m": 128,
+    "window_block_n": 64,
+    "window_warps": 8,
+    "window_stages": 3,
+    "span_block_m": 64,
+    "span_block_n": 64,
+    "span_warps": 4,
+    "span_stages": 3,
+}
+SPAN_START_BLOCK = 16  # span tiles: triples sorted by (start // 16, end), see span_tile_plan
+TC_FORWARD_TUNABLES = tuple(TC_FORWARD_DEFAULTS)
+
+
+def tc_forward_default(dim: int, dtype: torch.dtype) -> dict[str, int]:
+    """Starting config for sm_90: ``TC_FORWARD_DEFAULTS``, with smaller tiles where wide rows
+    (D > 128) or fp32 elements would overflow registers or shared memory."""
+    config = dict(TC_FORWARD_DEFAULTS)
+    if dim > 128 or dtype == torch.float32:
+        block_n = 16 if dim > 128 and dtype == torch.float32 else 32
+        for part in ("window", "span"):
+            config.update({f"{part}_block_m": 64, f"{part}_block_n": block_n, f"{part}_warps": 4, f"{part}_stages": 2})
+    return config
+
+
+@triton.jit
+def span_tile_kernel(
+    Q_ptr, K_ptr, V_ptr, order_ptr, lo_ptr, hi_ptr, mask_ptr, Ow_ptr, Lw_ptr, Out_ptr, Lse_ptr,
+    stride_qb, stride_qh, stride_ql, stride_kb, stride_kh, stride_kl, stride_mb,
+    H_KV, L_Q, N_TRIPLES, REP, qk_scale,
+    K_SPANS: tl.constexpr, D_HEAD: tl.constexpr, BLOCK_D: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+    HAS_WINDOW: tl.constexpr, HAS_MASK: tl.constexpr, UPCAST: tl.constexpr,
+):
+    tile = tl.program_id(0)
+    group = tl.program_id(1).to(tl.int64)
+    batch = group // H_KV
+    offs_m = tile * BLOCK_M + tl.arange(0, BLOCK_M)
+    row_ok = offs_m < N_TRIPLES
+    plan = group * N_TRIPLES + offs_m
+    triple = tl.load(order_ptr + plan, mask=row_ok, other=0)
+    row_lo = tl.load(lo_ptr + plan, mask=row_ok, other=0)
+    row_hi = tl.load(hi_ptr + plan, mask=row_ok, other=-1)
+
+    head = (group % H_KV) * REP + triple // (L_Q * K_SPANS)
+    query = (triple // K_SPANS) % L_Q
+    offs_d = tl.arange(0, BLOCK_D)
+    d_mask = offs_d < D_HEAD
+    io_mask = row_ok[:, None] & d_mask[None, :]
+    q_rows = batch * stride_qb + head.to(tl.int64) * stride_qh + query.to(tl.int64) * stride_ql
+    q = tl.load(Q_ptr + q_rows[:, None] + offs_d[None, :], mask=io_mask, other=0.0)
+
+    acc, m, l = attend_rows(
+        q, K_ptr, V_ptr, batch * stride_kb + (group % H_KV) * stride_kh, stride_kl, mask_ptr, batch * stride_mb,
+        row_lo, row_hi, offs_d, d_mask, qk_scale, BLOCK_M, BLOCK_D, BLOCK_N, HAS_MASK, UPCAST,
+    )
+
+    out_rows = group * N_TRIPLES + triple  # flat (b, h, q, j) slot of the contiguous outputs
+    if HAS_WINDOW:  # merge with the window part (normalised output ow, log2 LSE lw) by log-sum-exp
+        w_rows = out_rows // K_SPANS
+        lw = tl.load(Lw_ptr + w_rows, mask=row_ok, other=float("-inf"))
+        ow = tl.load(Ow_ptr + w_rows[:, None] * D_HEAD + offs_d[None, :], mask=io_mask, other=0.0)
+        m_new = tl.maximum(m, lw)
+        m_ref = tl.where(m_new == float("-inf"), 0.0, m_new)
+        alpha = tl.exp2(m - m_ref)
+        beta = tl.exp2(lw - m_ref)
+        l = l * alpha + beta
+        acc = acc * alpha[:, None] + ow * beta[:, None]
+        m = m_new
+    has_keys = (l > 0.0) | (l != l)  # noqa: PLR0124 - NaN must reach the output, not read as "no key"
+    l_safe = tl.where(has_keys, l, 1.0)
+    out = tl.where(has_keys[:, None], acc / l_safe[:, None], 0.0)
+    tl.store(Out_ptr + out_rows[:, None] * D_HEAD + offs_d[None, :], out.to(Out_ptr.dtype.element_ty), mask=io_mask)
+    tl.store(Lse_ptr + out_rows, tl.where(has_keys, m + tl.log2(l_safe), float("inf")), mask=row_ok)
+
+
+def check_config(config: Mapping[str, int]) -> None:
+    """Raise ValueError unless ``config`` gives every tunable a valid value."""
+    for name in TC_FORWARD_TUNABLES:
+        if name not in config:
+            raise ValueError(f"config lacks {name!r}")
+        value = config[name]
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise ValueError(f"config[{name!r}] must be a positive int, got {value!r}")
+        if not name.endswith("_stages") and value & (value - 1):
+            raise ValueError(f"config[{name!r}] must be a power of two, got {value}")
+    for name in ("window_block_m", "window_block_n", "span_block_m", "span_block_n"):
+        if not 16 <= config[name] <= 256:
+            raise ValueError(f"config[{name!r}] must be in [16, 256], got {config[name]}")
+    for name in ("window_warps", "span_warps"):
+        if config[name] > 16:
+            raise ValueError(f"config[{name!r}] must be at most 16, got {config[name]}")
+
+
+def span_forward_tc(
+    geo: LaunchGeometry,
+    config: Mapping[str, int],
+    out: tuple[torch.Tensor, torch.Tensor] | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Tensor-core span forward: (out [B, Hq, Lq, K, D] in Q's dtype, lse2 [B, Hq, Lq, K] fp32).
+
+    Same numbers as ``span_forward`` (SPEC section 2, spans clamped to end before the window);
+    ``config`` maps the names in ``TC_FORWARD_TUNABLES`` to ints (``TC_FORWARD_DEFAULTS`` for sm_90).
+    ``out`` may give both buffers (contiguous, those shapes and dtypes) to write into.
+    """
+    check_config(config)
+    q, k = geo.q, geo.k
+    batch, hq, lq, dim = q.shape
+    n_spans = geo.qstart.shape[-1]
+    if out is None:
+        out = (
+            torch.empty(batch, hq, lq, n_spans, dim, device=q.device, dtype=q.dtype),
+            torch.empty(batch, hq, lq, n_spans, device=q.device, dtype=torch.float32),
+        )
+    out, lse = out
+    if out.numel() == 0:
+        return out, lse
+    if geo.window > 0:
+        window_out, window_lse = window_attention(geo, config)
+    else:  # no window part: the kernel never reads these
+        window_out = window_lse = lse
+    plan = span_tile_plan(geo, SPAN_START_BLOCK)
+    block_m = config["span_block_m"]
+    grid = (triton.cdiv(plan.triples, block_m), plan.groups)
+    span_tile_kernel[grid](
+        q, k, geo.v, plan.order, plan.lo, plan.hi, geo.mask, window_out, window_lse, out, lse,
+        q.stride(0), q.stride(1), q.stride(2), k.stride(0), k.stride(1), k.stride(2), geo.mask_stride,
+        k.shape[1], lq, plan.triples, geo.rep, LOG2E / math.sqrt(dim),
+        K_SPANS=n_spans, D_HEAD=dim, BLOCK_D=block_d(dim), BLOCK_M=block_m, BLOCK_N=config["span_block_n"],
+        HAS_WINDOW=geo.window > 0, HAS_MASK=geo.has_mask, UPCAST=upcast_dots(geo),
+        num_warps=config["span_warps"], num_stages=config["span_stages"],
+    )
+    return out, lse

@@ -1,0 +1,192 @@
+"""Sliding-window flash attention on tensor cores: the window part of span attention, once per query.
+
+One program per (query head, tile of ``BLOCK_M`` consecutive queries, batch); the programs of one
+query tile run head after head, so the heads of a KV group read the same key blocks from L2.
+A tile streams the key blocks of ``[min window start, max pos]`` over its rows (per-row masks, so
+any ``cache_position`` is handled; consecutive positions give ``W + BLOCK_M`` keys per tile) with
+two tensor-core dots per block and an online softmax in the log2 domain.
+
+It writes, per (b, h, q), the window attention normalised in fp32 and its log2-domain
+log-sum-exp (``-inf`` when the row attends no window key), which the span kernel merges with
+each span part. Keys outside the tile's range or masked out are loaded as 0, so uninitialised
+(NaN) cache entries never reach a dot; NaN in Q or in an attended key shows in the row. (A NaN
+value vector that one row of a tile attends also reaches the tile's other rows, as 0 * NaN in the
+shared dot: keys that some row attends are expected to be finite.)
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+
+import torch
+import triton
+import triton.language as tl
+
+from .common import LOG2E
+from .launch import LaunchGeometry
+
+NO_KEY = tl.constexpr(2**31 - 1)  # tile-range sentinel of a row that attends nothing
+
+
+@triton.jit
+def tc_dot(a, b, UPCAST: tl.constexpr):
+    """a @ b with fp32 accumulation: tensor cores for 16-bit inputs, exact FMAs for fp32 ones.
+
+    ``UPCAST`` computes in fp32 instead: Triton 3.6's interpreter multiplies bf16 bit patterns.
+    """
+    if UPCAST:
+        out = tl.dot(a.to(tl.float32), b.to(tl.float32), input_precision="ieee")
+    else:
+        out = tl.dot(a, b, input_precision="ieee")
+    return out
+
+
+@triton.jit
+def attend_block(
+    acc, m, l, q, K_ptr, V_ptr, kv_base, stride_kl, mask_ptr, mask_base,
+    start, tile_hi, row_lo, row_hi, offs_d, d_mask, qk_scale,
+    BLOCK_N: tl.constexpr, ROW_MASK: tl.constexpr, HAS_MASK: tl.constexpr, UPCAST: tl.constexpr,
+):
+    """One online-softmax step of a row tile over keys start..start+BLOCK_N-1 (up to ``tile_hi``).
+
+    Row r attends key j when row_lo[r] <= j <= row_hi[r] and the mask allows j; without
+    ``ROW_MASK`` the caller guarantees that the block lies inside every row's range. ``acc``/``m``/
+    ``l`` are the running (unnormalised output, log2 max, sum) of each row.
+    """
+    offs_n = start + tl.arange(0, BLOCK_N)
+    key_ok = offs_n <= tile_hi
+    if HAS_MASK:
+        allowed = tl.load(mask_ptr + mask_base + offs_n, mask=key_ok, other=0)
+        key_ok = key_ok & (allowed != 0)
+    offsets = kv_base + offs_n[:, None].to(tl.int64) * stride_kl + offs_d[None, :]
+    kv_mask = key_ok[:, None] & d_mask[None, :]
+    k = tl.load(K_ptr + offsets, mask=kv_mask, other=0.0)
+    v = tl.load(V_ptr + offsets, mask=kv_mask, other=0.0)
+    s = tc_dot(q, tl.trans(k), UPCAST) * qk_scale
+    if ROW_MASK:
+        in_rows = (offs_n[None, :] >= row_lo[:, None]) & (offs_n[None, :] <= row_hi[:, None])
+        s = tl.where(in_rows & key_ok[None, :], s, float("-inf"))
+    elif HAS_MASK:
+        s = tl.where(key_ok[None, :], s, float("-inf"))
+    m_new = tl.maximum(m, tl.max(s, axis=1))
+    m_ref = tl.where(m_new == float("-inf"), 0.0, m_new)
+    alpha = tl.exp2(m - m_ref)
+    p = tl.exp2(s - m_ref[:, None])
+    l = l * alpha + tl.sum(p, axis=1)
+    # On the GPU p is rounded to V's dtype for the tensor cores (unbiased, 2**-9 relative for bf16);
+    # the interpreter's casts truncate (a 2**-9 bias), so there p stays fp32.
+    acc = acc * alpha[:, None] + tc_dot(p if UPCAST else p.to(v.dtype), v, UPCAST)
+    return acc, m_new, l
+
+
+@triton.jit
+def attend_rows(
+    q, K_ptr, V_ptr, kv_base, stride_kl, mask_ptr, mask_base, row_lo, row_hi, offs_d, d_mask, qk_scale,
+    BLOCK_M: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr,
+    HAS_MASK: tl.constexpr, UPCAST: tl.constexpr,
+):
+    """Online softmax of each row r over keys [row_lo[r], row_hi[r]] (none when hi < lo), mask applied.
+
+    Streams the blocks of the tile's range [min lo, max hi] over the rows that attend something;
+    blocks inside every such row's range skip the per-row masks. Rows that attend nothing come
+    back as (0, -inf, 0), whatever the shared blocks held. Returns (acc, m, l), log2 domain.
+    """
+    present = row_hi >= row_lo
+    tile_hi = tl.max(tl.where(present, row_hi, -1), axis=0)
+    tile_lo = tl.minimum(tl.min(tl.where(present, row_lo, NO_KEY), axis=0), tile_hi + 1)
+    inner_lo = tl.max(tl.where(present, row_lo, -1), axis=0)  # keys every present row attends
+    inner_hi = tl.min(tl.where(present, row_hi, NO_KEY), axis=0)
+    n_blocks = tl.cdiv(tile_hi - tile_lo + 1, BLOCK_N)
+    first_inner = tl.minimum(tl.cdiv(inner_lo - tile_lo, BLOCK_N), n_blocks)
+    end_inner = tl.maximum(tl.minimum((inner_hi - tile_lo + 1) // BLOCK_N, n_blocks), first_inner)
+    acc = tl.zeros((BLOCK_M, BLOCK_D), dtype=tl.float32)
+    m = tl.full((BLOCK_M,), float("-inf"), tl.float32)
+    l = tl.zeros((BLOCK_M,), dtype=tl.float32)
+    for i in range(first_inner):
+        acc, m, l = attend_block(
+            acc, m, l, q, K_ptr, V_ptr, kv_base, stride_kl, mask_ptr, mask_base, tile_lo + i * BLOCK_N,
+            tile_hi, row_lo, row_hi, offs_d, d_mask, qk_scale, BLOCK_N, True, HAS_MASK, UPCAST,
+        )
+    for i in range(first_inner, end_inner):
+        acc, m, l = attend_block(
+            acc, m, l, q, K_ptr, V_ptr, kv_base, stride_kl, mask_ptr, mask_base, tile_lo + i * BLOCK_N,
+            tile_hi, row_lo, row_hi, offs_d, d_mask, qk_scale, BLOCK_N, False, HAS_MASK, UPCAST,
+        )
+    for i in range(end_inner, n_blocks):
+        acc, m, l = attend_block(
+            acc, m, l, q, K_ptr, V_ptr, kv_base, stride_kl, mask_ptr, mask_base, tile_lo + i * BLOCK_N,
+            tile_hi, row_lo, row_hi, offs_d, d_mask, qk_scale, BLOCK_N, True, HAS_MASK, UPCAST,
+        )
+    acc = tl.where(present[:, None], acc, 0.0)
+    m = tl.where(present, m, float("-inf"))
+    l = tl.where(present, l, 0.0)
+    return acc, m, l
+
+
+@triton.jit
+def window_attention_kernel(
+    Q_ptr, K_ptr, V_ptr, cache_pos_ptr, mask_ptr, Ow_ptr, Lw_ptr,
+    stride_qb, stride_qh, stride_ql, stride_kb, stride_kh, stride_kl, stride_mb,
+    H_Q, L_Q, L_KV, REP, WINDOW, qk_scale,
+    D_HEAD: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+    HAS_MASK: tl.constexpr, UPCAST: tl.constexpr,
+):
+    head = tl.program_id(0).to(tl.int64)
+    tile = tl.program_id(1)
+    batch = tl.program_id(2).to(tl.int64)
+    offs_m = tile * BLOCK_M + tl.arange(0, BLOCK_M)
+    row_ok = offs_m < L_Q
+    offs_d = tl.arange(0, BLOCK_D)
+    d_mask = offs_d < D_HEAD
+
+    q_ptrs = Q_ptr + batch * stride_qb + head * stride_qh + offs_m[:, None].to(tl.int64) * stride_ql + offs_d[None, :]
+    q = tl.load(q_ptrs, mask=row_ok[:, None] & d_mask[None, :], other=0.0)
+    pos = tl.minimum(tl.load(cache_pos_ptr + offs_m, mask=row_ok, other=-1), L_KV - 1)
+    row_lo = tl.maximum(pos - WINDOW + 1, 0)
+    row_hi = tl.where(row_ok, pos, -1)
+    acc, m, l = attend_rows(
+        q, K_ptr, V_ptr, batch * stride_kb + (head // REP) * stride_kh, stride_kl, mask_ptr, batch * stride_mb,
+        row_lo, row_hi, offs_d, d_mask, qk_scale, BLOCK_M, BLOCK_D, BLOCK_N, HAS_MASK, UPCAST,
+    )
+    has_keys = (l > 0.0) | (l != l)  # noqa: PLR0124 - NaN must reach the output, not read as "no key"
+    l_safe = tl.where(has_keys, l, 1.0)
+    rows = (batch * H_Q + head) * L_Q + offs_m
+    out = tl.where(has_keys[:, None], acc / l_safe[:, None], 0.0)
+    tl.store(Ow_ptr + rows[:, None] * D_HEAD + offs_d[None, :], out, mask=row_ok[:, None] & d_mask[None, :])
+    tl.store(Lw_ptr + rows, tl.where(has_keys, m + tl.log2(l_safe), float("-inf")), mask=row_ok)
+
+
+def block_d(dim: int) -> int:
+    """Padded head dimension of the tiles (a power of two, at least one tensor-core step)."""
+    return max(16, triton.next_power_of_2(dim))
+
+
+def upcast_dots(geo: LaunchGeometry) -> bool:
+    """Whether dots must run in fp32 (16-bit inputs under Triton's CPU interpreter)."""
+    return geo.q.device.type == "cpu" and geo.q.dtype != torch.float32
+
+
+def window_attention(geo: LaunchGeometry, config: Mapping[str, int]) -> tuple[torch.Tensor, torch.Tensor]:
+    """Window part of every (b, h, q): (output [B, Hq, Lq, D] fp32, normalised; lse2 [B, Hq, Lq] fp32).
+
+    Reads ``window_block_m``, ``window_block_n``, ``window_warps``, ``window_stages`` from ``config``.
+    Rows that attend no window key (W = 0, masked out) get zeros and ``-inf``.
+    """
+    q, k = geo.q, geo.k
+    batch, hq, lq, dim = q.shape
+    out = torch.empty(batch, hq, lq, dim, device=q.device, dtype=torch.float32)
+    lse = torch.empty(batch, hq, lq, device=q.device, dtype=torch.float32)
+    if out.numel() == 0:
+        return out, lse
+    block_m = config["window_block_m"]
+    grid = (hq, triton.cdiv(lq, block_m), batch)
+    window_attention_kernel[grid](
+        q, k, geo.v, geo.cache_position, geo.mask, out, lse,
+        q.stride(0), q.stride(1), q.stride(2), k.stride(0), k.stride(1), k.stride(2), geo.mask_stride,
+        hq, lq, k.shape[2], geo.rep, geo.window, LOG2E / math.sqrt(dim),
+        D_HEAD=dim, BLOCK_D=block_d(dim), BLOCK_M=block_m, BLOCK_N=config["window_block_n"],
+        HAS_MASK=geo.has_mask, UPCAST=upcast_dots(geo),
+        num_warps=config["window_warps"], num_stages=config["window_stages"],
+    )
+    return out, lse

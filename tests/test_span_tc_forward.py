@@ -1,0 +1,240 @@
+"""Tensor-core span forward (window once + sorted span tiles) under the interpreter vs float64."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import pytest
+import torch
+from cases import DTYPES, SPAN_CASES, SpanCase, check_span_properties, make_span_inputs
+from helpers import assert_close, poisoned_allocations
+
+from superlinear_ops import geometry
+from superlinear_ops.kernels.launch import LaunchGeometry
+from superlinear_ops.kernels.span_tc_forward import TC_FORWARD_DEFAULTS, span_forward_tc
+from superlinear_ops.kernels.span_tiles import clamped_span_bounds, span_tile_plan
+from superlinear_ops.reference import span_forward_reference
+
+
+def random_spans(gen, batch, heads, cache_position, n_spans, key_length, window, max_len):
+    """Random valid spans ending before each query's window (slots of rows with t <= W, and about a
+    quarter of the others, unused: -1)."""
+    pos = cache_position.clamp(max=key_length - 1).view(1, 1, -1, 1)
+    limit = (pos - window + 1).clamp(min=0) if window > 0 else pos + 1  # spans end before this
+    shape = (batch, heads, cache_position.numel(), n_spans)
+    end = (torch.rand(shape, generator=gen) * limit).floor().long()
+    start = (end - torch.randint(1, max_len + 1, shape, generator=gen) + 1).clamp(min=0)
+    unused = (torch.rand(shape, generator=gen) < 0.25) | (limit <= 0).expand(shape)
+    return torch.where(unused, -1, start), torch.where(unused, -1, end)
+
+
+def check_against_reference(case, out, lse, ref_out, ref_lse, dtype=None):
+    """Outputs within the dtype's tolerance; lse finite exactly where the reference's is, and close."""
+    dtype = dtype or case.dtype
+    assert_close(out, ref_out, dtype, case.lkv, "out")
+    nobody = torch.isinf(ref_lse)
+    assert torch.equal(torch.isposinf(lse), nobody), "lse is +inf exactly where no key is attended"
+    assert torch.equal(out[nobody], torch.zeros_like(out[nobody])), "zeros where no key is attended"
+    assert_close(lse[~nobody], ref_lse[~nobody], torch.float32, case.lkv, "lse")
+
+
+TINY = {  # 16-row tiles and 16-key blocks: every case crosses many tiles and key blocks
+    "window_block_m": 16, "window_block_n": 16, "window_warps": 1, "window_stages": 1,
+    "span_block_m": 16, "span_block_n": 16, "span_warps": 1, "span_stages": 1,
+}
+
+
+@dataclass(frozen=True)
+class Case:
+    dtype: torch.dtype
+    batch: int
+    hq: int
+    hkv: int
+    lq: int
+    lkv: int
+    dim: int
+    spans: int
+    sw_index: int
+    search_power: float | None  # None: integer path (inv_search_power_int=2)
+    masked: bool
+    max_span: int
+    consecutive: bool  # cache_position = a run of consecutive positions (prefill) or random ones
+    transposed_q: bool = False
+
+    @property
+    def window(self) -> int:
+        inv = None if self.search_power is not None else 2
+        return geometry.window_len_from_sw_index(self.sw_index, search_power=self.search_power, inv_search_power_int=inv)
+
+
+CASES = [
+    # fp32, rep 2, float power path (W 17: windows over 2-3 key blocks), mask with holes, D 24, prefill chunk
+    Case(torch.float32, 2, 4, 2, 21, 80, 24, 3, 4, 0.55, True, 40, True),
+    # bf16, MHA, integer path (W 24), no mask, random positions (some past the last key), transposed Q
+    Case(torch.bfloat16, 1, 2, 2, 12, 70, 32, 2, 4, None, False, 30, False, True),
+    # fp16, rep 4, no window (sw_index 0), short spans (tiles that share few key blocks), D 40
+    Case(torch.float16, 1, 4, 1, 9, 64, 40, 3, 0, None, True, 3, False),
+    # fp32, rep 4, one span, integer path W 15, training-like positions 0.. (t <= W rows)
+    Case(torch.float32, 1, 4, 1, 40, 40, 16, 1, 3, None, True, 25, True),
+]
+
+
+def make_inputs(case: Case, gen: torch.Generator):
+    shape_q = (case.batch, case.lq, case.hq, case.dim) if case.transposed_q else (case.batch, case.hq, case.lq, case.dim)
+    q = torch.randn(shape_q, generator=gen).to(case.dtype)
+    q = q.transpose(1, 2) if case.transposed_q else q
+    k = torch.randn(case.batch, case.hkv, case.lkv, case.dim, generator=gen).to(case.dtype)
+    v = torch.randn(case.batch, case.hkv, case.lkv, case.dim, generator=gen).to(case.dtype)
+    if case.consecutive:
+        cache_position = torch.arange(case.lkv - case.lq, case.lkv)
+    else:
+        cache_position = torch.randint(0, case.lkv + 4, (case.lq,), generator=gen)
+        cache_position[0] = min(3, case.lkv - 1)
+    qstart, qend = random_spans(gen, case.batch, case.hq, cache_position, case.spans, case.lkv, case.window, case.max_span)
+    mask = None
+    if case.masked:
+        mask = torch.rand(case.batch, case.lkv + 5, generator=gen) > 0.25
+        mask[0, 5: case.lkv // 3] = False  # a long hole inside spans
+        mask[-1, case.lkv - 12: case.lkv - 6] = False  # a hole inside the last windows
+    return q, k, v, qstart, qend, cache_position, mask
+
+
+def run_tc(case: Case, geo: LaunchGeometry, config=TINY):
+    """The forward into NaN-poisoned buffers, so that any unwritten element shows."""
+    n = geo.qstart.shape[-1]
+    out = torch.full((case.batch, case.hq, case.lq, n, case.dim), float("nan"), dtype=case.dtype)
+    lse = torch.full((case.batch, case.hq, case.lq, n), float("nan"))
+    return span_forward_tc(geo, config, out=(out, lse))
+
+
+@pytest.mark.parametrize("case", CASES, ids=lambda c: f"{c.dtype}-rep{c.hq // c.hkv}-W{c.window}-D{c.dim}")
+def test_matches_reference(case: Case, gen: torch.Generator):
+    inputs = make_inputs(case, gen)
+    geo = LaunchGeometry.prepare(*inputs, case.window)
+    out, lse = run_tc(case, geo)
+    ref_out, ref_lse = span_forward_reference(
+        *(t.double() for t in inputs[:3]), *inputs[3:], case.window, return_lse=True
+    )
+    check_against_reference(case, out, lse, ref_out, ref_lse)
+
+
+def test_nan_rules(gen: torch.Generator):
+    """NaN in unattended keys (static-cache tail, masked keys) stays out; NaN in Q or an attended key shows."""
+    case = Case(torch.bfloat16, 2, 4, 2, 16, 96, 32, 2, 4, None, True, 20, True)
+    q, k, v, qstart, qend, cache_position, mask = make_inputs(case, gen)
+    cache_position = cache_position - 20  # keys 76.. are an unfilled cache tail
+    qstart, qend = random_spans(gen, case.batch, case.hq, cache_position, case.spans, case.lkv, case.window, 20)
+    k, v = k.clone(), v.clone()
+    k[:, :, 76:] = float("nan")
+    v[:, :, 76:] = float("inf")
+    masked_out = (~mask[:, : case.lkv]).nonzero()
+    k[masked_out[:, 0], :, masked_out[:, 1]] = float("nan")
+    v[masked_out[:, 0], :, masked_out[:, 1]] = float("nan")
+    q = q.clone()
+    q[1, 3, 7] = float("nan")
+    geo = LaunchGeometry.prepare(q, k, v, qstart, qend, cache_position, mask, case.window)
+    out, lse = run_tc(case, geo)
+    assert torch.isnan(out[1, 3, 7]).all() and torch.isnan(lse[1, 3, 7]).all()
+    clean_q = q.clone()
+    clean_q[1, 3, 7] = 0.0
+    ref_out, ref_lse = span_forward_reference(
+        clean_q.double(), k.double().nan_to_num(0, 0, 0), v.double().nan_to_num(0, 0, 0),
+        qstart, qend, cache_position, mask, case.window, return_lse=True,
+    )
+    keep = torch.ones(out.shape[:3], dtype=torch.bool)
+    keep[1, 3, 7] = False
+    check_against_reference(case, out[keep], lse[keep], ref_out[keep], ref_lse[keep])
+    # A NaN in a window key that every row of the last query attends reaches those rows.
+    k[0, 0, int(cache_position[-1])] = float("nan")
+    geo = LaunchGeometry.prepare(q, k, v, qstart, qend, cache_position, mask, case.window)
+    if mask[0, int(cache_position[-1])]:
+        assert torch.isnan(run_tc(case, geo)[0][0, 0, -1]).all()
+
+
+def test_rows_with_no_key_give_zeros_and_inf(gen: torch.Generator):
+    case = Case(torch.float32, 2, 2, 1, 10, 50, 16, 2, 3, None, True, 10, True)
+    q, k, v, qstart, qend, cache_position, mask = make_inputs(case, gen)
+    mask[1] = False  # batch row 1 attends nothing at all
+    geo = LaunchGeometry.prepare(q, k, v, qstart, qend, cache_position, mask, case.window)
+    out, lse = run_tc(case, geo)
+    assert (out[1] == 0).all() and torch.isinf(lse[1]).all() and (lse[1] > 0).all()
+
+
+def test_default_config_runs(gen: torch.Generator):
+    """The sm_90 defaults (128-row tiles) on a shape smaller than one tile."""
+    case = Case(torch.float32, 1, 2, 1, 5, 40, 16, 2, 2, None, False, 10, True)
+    inputs = make_inputs(case, gen)
+    geo = LaunchGeometry.prepare(*inputs, case.window)
+    out, lse = run_tc(case, geo, TC_FORWARD_DEFAULTS)
+    ref_out, ref_lse = span_forward_reference(*(t.double() for t in inputs[:3]), *inputs[3:], case.window, return_lse=True)
+    check_against_reference(case, out, lse, ref_out, ref_lse)
+
+
+@pytest.mark.parametrize(
+    "change", [{"span_block_m": 8}, {"window_warps": 3}, {"span_stages": True}, {"window_block_n": None}]
+)
+def test_bad_config_raises(change, gen: torch.Generator):
+    case = Case(torch.float32, 1, 2, 1, 4, 20, 16, 1, 2, None, False, 4, True)
+    geo = LaunchGeometry.prepare(*make_inputs(case, gen), case.window)
+    config = {**TINY, **change}
+    if change.get("window_block_n", 0) is None:
+        del config["window_block_n"]
+    with pytest.raises(ValueError, match=next(iter(change))):
+        span_forward_tc(geo, config)
+
+
+@pytest.mark.parametrize("case", [c for c in SPAN_CASES if c.dtype != "fp64"], ids=lambda c: c.name)
+def test_shared_span_cases(case: SpanCase, gen: torch.Generator):
+    """The suite's span cases (strided and expanded layouts, rep up to 16) with 16-row tiles."""
+    x = make_span_inputs(case, gen)
+    check_span_properties(case, x)
+    geo = LaunchGeometry.prepare(x.q, x.k, x.v, x.qstart, x.qend, x.cache_position, x.mask, x.window)
+    with poisoned_allocations():
+        out, lse = span_forward_tc(geo, TINY)
+    expected, expected_lse = x.oracle_forward()
+    check_against_reference(case, out, lse, expected, expected_lse, DTYPES[case.dtype])
+
+
+@pytest.mark.parametrize("start_block", [1, 16])
+def test_span_tile_plan_order(start_block: int, gen: torch.Generator):
+    """Each group's plan is a permutation; empty spans last; starts sorted by block, then ends."""
+    case = Case(torch.float32, 2, 4, 2, 30, 200, 16, 3, 4, None, False, 60, True)
+    geo = LaunchGeometry.prepare(*make_inputs(case, gen), case.window)
+    plan = span_tile_plan(geo, start_block)
+    lo, hi = clamped_span_bounds(geo)
+    for g in range(plan.groups):
+        order = plan.order[g].long()
+        assert torch.equal(order.sort().values, torch.arange(plan.triples))
+        assert torch.equal(plan.lo[g], lo.view(plan.groups, -1)[g, order])
+        assert torch.equal(plan.hi[g], hi.view(plan.groups, -1)[g, order])
+        empty = plan.hi[g] < plan.lo[g]
+        n_full = int((~empty).sum())
+        assert not empty[:n_full].any() and 0 < n_full < plan.triples
+        key = (plan.lo[g, :n_full].long() // start_block) * 1000 + (plan.hi[g, :n_full] if start_block > 1 else 0)
+        assert (key[1:] >= key[:-1]).all()
+    # Past about 185K keys the packed (start block, end) key needs int64: the same order.
+    long_k = geo.k[:, :, :1].expand(-1, -1, 200_000, -1)
+    long_geo = LaunchGeometry.prepare(geo.q, long_k, long_k, geo.qstart, geo.qend, geo.cache_position, None, geo.window)
+    assert torch.equal(span_tile_plan(long_geo, start_block).order, plan.order)
+    with pytest.raises(ValueError, match="start_block"):
+        span_tile_plan(geo, 0)
+
+
+def test_nan_key_stays_in_the_rows_that_attend_it(gen: torch.Generator):
+    """A NaN key inside one row's span (streamed without per-row masks) never reaches a row of the
+    same tile whose span is empty: that row gets its window alone."""
+    case = Case(torch.float32, 1, 1, 1, 4, 128, 16, 2, 3, None, False, 1, True)  # W = 15
+    q, k, v, _, _, cache_position, _ = make_inputs(case, gen)
+    qstart = torch.full((1, 1, 4, 2), -1)
+    qend = torch.full((1, 1, 4, 2), -1)
+    qstart[0, 0, 0, 0], qend[0, 0, 0, 0] = 10, 80  # the only span: five 16-key blocks
+    k = k.clone()
+    k[0, 0, 40] = float("nan")
+    geo = LaunchGeometry.prepare(q, k, v, qstart, qend, cache_position, None, case.window)
+    out, lse = run_tc(case, geo)
+    assert torch.isnan(out[0, 0, 0, 0]).all()
+    ref_out, ref_lse = span_forward_reference(
+        q.double(), k.double().nan_to_num(0), v.double(), qstart, qend, cache_position, None, case.window, return_lse=True
+    )
+    check_against_reference(case, out[0, 0, 1:], lse[0, 0, 1:], ref_out[0, 0, 1:], ref_lse[0, 0, 1:])
+    check_against_reference(case, out[0, 0, 0, 1:], lse[0, 0, 0, 1:], ref_out[0, 0, 0, 1:], ref_lse[0, 0, 0, 1:])
