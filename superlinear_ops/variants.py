@@ -47,6 +47,17 @@ BACKWARD_SPACE = (
     Param("num_stages", (1, 2, 3)),
 )
 GROUPED_SPACE = (*FORWARD_SPACE, Param("chunk", (128, 256, 512, 1024, 2048)))
+TC_FORWARD_SPACE = (  # the window kernel's tiles, then the span-tile kernel's
+    Param("window_block_m", (64, 128)),
+    Param("window_block_n", (16, 32, 64, 128)),
+    Param("window_warps", (4, 8)),
+    Param("window_stages", (2, 3)),
+    Param("span_block_m", (32, 64, 128)),
+    Param("span_block_n", (16, 32, 64, 128)),
+    Param("span_warps", (4, 8)),
+    Param("span_stages", (2, 3)),
+)
+MAX_TC_VALUES_PER_THREAD = 160  # fp32 accumulator + score values per thread of a tensor-core tile
 
 
 # --- when Triton variants apply ---------------------------------------------------------------
@@ -117,6 +128,26 @@ def resource_check(tiles: int, problem: Problem, config: KernelConfig) -> str | 
     return None
 
 
+def tile_check(parts: tuple[str, ...], problem: Problem, config: KernelConfig) -> str | None:
+    """Why a tensor-core configuration cannot build or run well (GPU only): for each kernel ``part``,
+    the [BLOCK_M, D] accumulator and [BLOCK_M, BLOCK_N] scores per thread, and the pipelined
+    K/V tiles plus the Q tile in shared memory."""
+    if not problem.device.is_gpu:
+        return None
+    block_d = next_power_of_two(problem.head_dim)
+    element = 4 if problem.dtype == "float32" else 2
+    limit = SHARED_MEMORY_BYTES.get(problem.device.arch, DEFAULT_SHARED_MEMORY_BYTES)
+    for part in parts:
+        m, n, warps, stages = (config[f"{part}_{name}"] for name in ("block_m", "block_n", "warps", "stages"))
+        per_thread = (m * block_d + m * n) / (32 * warps)
+        if per_thread > MAX_TC_VALUES_PER_THREAD:
+            return f"{part} registers: about {per_thread:.0f} fp32 values per thread for {m}x{block_d} and {m}x{n} tiles on {warps} warps"
+        shared = (stages * 2 * n + m) * block_d * element
+        if shared > limit:
+            return f"{part} shared memory: about {shared} bytes for {stages} stages of {n}-key tiles > {limit} on {problem.device.arch}"
+    return None
+
+
 def no_check(problem: Problem, config: KernelConfig) -> str | None:
     """The reference has nothing to compile."""
     return None
@@ -154,6 +185,30 @@ def grouped_default(problem: Problem) -> KernelConfig:
     raise AssertionError("unreachable")
 
 
+def tc_forward_default(problem: Problem) -> KernelConfig:
+    """Heuristic tensor-core forward configuration: the H200 sweep's best tiles for bf16, D <= 128
+    (window 128/64/8 warps/3 stages, spans 64/64/4/3), smaller ones for wider rows or fp32, then
+    shrunk until they fit the GPU (``fitted``)."""
+    from .kernels.span_tc_forward import tc_forward_default as tiles  # imports Triton on first use only
+
+    return fitted(KernelConfig(tiles(problem.head_dim, problem.torch_dtype)), ("window", "span"), problem)
+
+
+def fitted(config: KernelConfig, parts: tuple[str, ...], problem: Problem) -> KernelConfig:
+    """``config`` with each tensor-core kernel ``part`` shrunk (fewer stages, then narrower key
+    tiles, then fewer rows) until ``tile_check`` accepts it."""
+    for part in parts:
+        while tile_check((part,), problem, config) is not None:
+            for name, floor in (("stages", 2), ("block_n", 16), ("block_m", 64)):
+                if config[f"{part}_{name}"] > floor:
+                    value = config[f"{part}_{name}"]
+                    config = config.replace(**{f"{part}_{name}": 2 if name == "stages" else value // 2})
+                    break
+            else:
+                return config  # nothing smaller to try: the tuner's compile check will say why
+    return config
+
+
 def reference_default(problem: Problem) -> KernelConfig:
     """The reference has nothing to configure."""
     return KernelConfig()
@@ -167,6 +222,13 @@ def triton_forward(geo: LaunchGeometry, config: KernelConfig) -> tuple[torch.Ten
     from .kernels.span_forward import span_forward  # imports Triton on first use only
 
     return span_forward(geo, config)
+
+
+def tc_forward(geo: LaunchGeometry, config: KernelConfig) -> tuple[torch.Tensor, torch.Tensor]:
+    """The tensor-core forward: window once per query, spans in shared key tiles, LSE merge."""
+    from .kernels.span_tc_forward import span_forward_tc
+
+    return span_forward_tc(geo, config)
 
 
 def reference_forward(geo: LaunchGeometry, config: KernelConfig) -> tuple[torch.Tensor, torch.Tensor]:
@@ -213,8 +275,15 @@ def position_clamped(launch):
 # --- declarations -------------------------------------------------------------------------------
 
 REGISTRY.register(Variant(
+    op=SPAN_FORWARD, name="tc_tiles", launch=tc_forward, space=TC_FORWARD_SPACE, reasons=triton_reasons,
+    compile_check=partial(tile_check, ("window", "span")), default=tc_forward_default,
+    priority=0,  # 40x to 60x faster than per_query_span at every model-M prefill and training shape on the H200
+    description="tensor cores: sliding-window flash attention once per query, spans in tiles of sorted (query, span) "
+    "pairs sharing key blocks, merged by log-sum-exp",
+))
+REGISTRY.register(Variant(
     op=SPAN_FORWARD, name="per_query_span", launch=triton_forward, space=FORWARD_SPACE,
-    reasons=triton_reasons, compile_check=partial(resource_check, 2), default=forward_default, priority=0,
+    reasons=triton_reasons, compile_check=partial(resource_check, 2), default=forward_default, priority=1,
     description="one Triton program per (b, h, q, span): online softmax over the span, then the window",
 ))
 REGISTRY.register(Variant(

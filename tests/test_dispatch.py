@@ -48,7 +48,8 @@ def test_first_layer_with_a_hit_wins_in_order() -> None:
 def test_heuristic_default_when_no_layer_knows_the_key() -> None:
     p = problem()
     choice = Dispatcher(REGISTRY, [DictLayer("user", {})]).select(p)
-    variant = REGISTRY.get("span_forward", "per_query_span")
+    variant = REGISTRY.fallback(p)
+    assert variant.name == "tc_tiles"
     assert (choice.variant, choice.config, choice.source) == (variant, variant.default(p), HEURISTIC)
 
 
@@ -131,10 +132,12 @@ def test_no_applicable_variant_raises_with_every_reason() -> None:
 
 
 def test_block_k_forces_only_block_k() -> None:
-    p = problem()._replace(device=H200)
+    p = problem(op="staged_decode", queries=1, factors=(3.0, 1.0, 0.55))._replace(device=H200)
     chosen = dispatch.select(p, block_k=16)
     assert chosen.config.block_k == 16 and "forced" in chosen.source
-    assert chosen.config.num_warps == dispatch.select(p).config.num_warps
+    assert chosen.config.replace(block_k=0 + dispatch.select(p).config.block_k) == dispatch.select(p).config
+    tiles = problem()._replace(device=H200)  # the tensor-core forward has no block_k: the hint is ignored
+    assert dispatch.select(tiles, block_k=16) == dispatch.select(tiles)
 
 
 def test_a_new_variant_is_one_registration(monkeypatch) -> None:
