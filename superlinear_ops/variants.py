@@ -98,6 +98,16 @@ def grouped_reasons(problem: Problem) -> list[str]:
     return reasons
 
 
+def tc_forward_reasons(problem: Problem) -> list[str]:
+    """Why the tensor-core forward cannot serve ``problem``: the Triton rules, or no tiling that fits."""
+    reasons = triton_reasons(problem)
+    if not reasons:
+        misfit = tile_check(("window", "span"), problem, tc_forward_default(problem))
+        if misfit is not None:
+            reasons.append(f"even the smallest tensor-core tiles do not fit: {misfit}")
+    return reasons
+
+
 def reference_reasons(problem: Problem) -> list[str]:
     """Why the dense PyTorch reference is unfit (it materialises every score)."""
     scores = problem.batch * problem.q_heads * problem.queries * problem.spans * problem.keys
@@ -275,7 +285,7 @@ def position_clamped(launch):
 # --- declarations -------------------------------------------------------------------------------
 
 REGISTRY.register(Variant(
-    op=SPAN_FORWARD, name="tc_tiles", launch=tc_forward, space=TC_FORWARD_SPACE, reasons=triton_reasons,
+    op=SPAN_FORWARD, name="tc_tiles", launch=tc_forward, space=TC_FORWARD_SPACE, reasons=tc_forward_reasons,
     compile_check=partial(tile_check, ("window", "span")), default=tc_forward_default,
     priority=0,  # 40x to 60x faster than per_query_span at every model-M prefill and training shape on the H200
     description="tensor cores: sliding-window flash attention once per query, spans in tiles of sorted (query, span) "
