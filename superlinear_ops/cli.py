@@ -36,7 +36,7 @@ def _variants(args: argparse.Namespace) -> int:
         if args.op and variant.op != args.op:
             continue
         space = ", ".join(f"{p.name} in {{{', '.join(map(str, p.values))}}}" for p in variant.space) or "no tunables"
-        print(f"{variant.qualified_name}  (priority {variant.priority})")
+        print(f"{variant.qualified_name}  (priority {variant.priority}{', baseline: searched only where nothing else applies' if variant.baseline else ''})")
         print(f"    {variant.description}")
         print(f"    space: {space}")
     return 0

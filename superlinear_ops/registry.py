@@ -9,7 +9,9 @@ A variant declares (see ``variants.py``, where all declarations live):
 - ``compile_check(problem, config)``: why a configuration cannot build or launch well on the
   problem's device (shared memory or register estimate), before anything is launched;
 - ``default(problem)``: the heuristic configuration used when nothing tuned is known;
-- ``priority``: lower is preferred when the dispatcher falls back to defaults.
+- ``priority``: lower is preferred when the dispatcher falls back to defaults;
+- ``baseline``: kept for comparison and as a fallback where faster variants do not apply; the
+  tuner searches baselines only for problems that no other variant serves.
 The tuner searches what is declared here and the dispatcher chooses from it.
 """
 
@@ -47,6 +49,7 @@ class Variant:
     priority: int
     description: str = ""
     constraints: tuple[Callable[[KernelConfig], str | None], ...] = ()
+    baseline: bool = False
 
     @property
     def qualified_name(self) -> str:

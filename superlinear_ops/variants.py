@@ -292,7 +292,7 @@ REGISTRY.register(Variant(
     "pairs sharing key blocks, merged by log-sum-exp",
 ))
 REGISTRY.register(Variant(
-    op=SPAN_FORWARD, name="per_query_span", launch=triton_forward, space=FORWARD_SPACE,
+    op=SPAN_FORWARD, name="per_query_span", launch=triton_forward, space=FORWARD_SPACE, baseline=True,
     reasons=triton_reasons, compile_check=partial(resource_check, 2), default=forward_default, priority=1,
     description="one Triton program per (b, h, q, span): online softmax over the span, then the window",
 ))
@@ -325,11 +325,13 @@ REGISTRY.register(Variant(
 ))
 REGISTRY.register(Variant(
     op=STAGED_DECODE, name="staged", launch=position_clamped(staged_decode_with(triton_forward)), space=FORWARD_SPACE,
+    baseline=True,
     reasons=triton_reasons, compile_check=partial(resource_check, 2), default=forward_default, priority=3,
     description="stripe search and top-k in PyTorch, span attention by the per-(query, span) Triton forward",
 ))
 REGISTRY.register(Variant(
     op=STAGED_DECODE, name="split_window", launch=position_clamped(split_window_decode), space=FORWARD_SPACE,
+    baseline=True,
     reasons=triton_reasons, compile_check=partial(resource_check, 2), default=forward_default, priority=1,
     description="fused stripe search, then span/window attention in 256-key chunks merged once per head with the gate",
 ))

@@ -43,8 +43,10 @@ class SearchSettings:
 
 
 def tunable_variants(problem: Problem) -> list[Variant]:
-    """The variants that apply to ``problem`` and have something to tune."""
-    return [v for v in REGISTRY.variants(problem.op) if v.space and not v.not_supported_reasons(problem)]
+    """The variants that apply to ``problem`` and have something to tune: the non-baseline ones, or
+    the baselines when no other variant applies."""
+    applicable = [v for v in REGISTRY.variants(problem.op) if v.space and not v.not_supported_reasons(problem)]
+    return [v for v in applicable if not v.baseline] or applicable
 
 
 def params_of(variant: Variant, config: KernelConfig) -> dict:
