@@ -1,11 +1,15 @@
 #!/usr/bin/env bash
-# On an H200 (run from the repository root; optuna/sqlalchemy wheels in .whl/ when the image lacks them):
-#   bash scripts/h200_tune.sh OUT_DIR [tune|check|sweep REGEX SECONDS]
-# tune:  tune model M's workload, export cache/nvidia-h200.yaml, explain every problem with a clean user cache
-# check: verify the shipped file and bench the workload (JSON + PNG)
+# On an H200 (run from the repository root; optuna/sqlalchemy/platformdirs wheels in .whl/ when the image lacks them):
+#   bash scripts/h200_tune.sh OUT_DIR [tune [TRIALS SECONDS]|check|sweep REGEX SECONDS]
+# tune:  tune model M's workload (one worker per visible GPU, journal-file studies), export
+#        cache/nvidia-h200.yaml, explain every problem with a clean user cache
+# check: verify the shipped file, bench the workload (JSON + PNG), then the side-by-side comparisons:
+#        prefill/training span attention (new and old kernels, dense SDPA, bounds, errors, per-kernel times)
+#        and the decode variants
 # sweep: exhaustive sweep of the sweep-model-m problems matching REGEX, at most SECONDS each
 set -euo pipefail
 out="$1"; step="${2:-tune}"
+mkdir -p "$out"
 if [ -d .whl ]; then
     python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl
     export PYTHONPATH="/tmp/site:$PWD"
@@ -15,18 +19,24 @@ fi
 export HOME=/tmp/clean-home PYTHONUNBUFFERED=1   # a clean user cache: only the shipped file can answer
 mkdir -p "$HOME"
 slops() { python3 -m superlinear_ops.cli "$@"; }
+quiet() { grep -v "^\[W\|UserWarning\|warnings.warn\|_warn_once" || true; }
 workload=tuning/superlinear-exp-v0.1.yaml
+gpus=$(python3 -c "import torch; print(max(torch.cuda.device_count(), 1))")
 case "$step" in
 tune)
-    slops tune "$workload" --trials 24 --timeout 12 --storage "$out/studies.log" --cache "$out/h200.sqlite" --no-progress
+    slops tune "$workload" --trials "${3:-20}" --timeout "${4:-120}" --workers "$gpus" --storage "$out/studies.log" \
+        --cache "$out/h200.sqlite" --no-progress 2>&1 | quiet
     slops cache export --cache "$out/h200.sqlite" -o cache/nvidia-h200.yaml
     cp cache/nvidia-h200.yaml "$out/"
     slops explain --workload "$workload" > "$out/explain.txt"
-    grep -c "source: shipped" "$out/explain.txt"
+    echo "problems served by the shipped file: $(grep -c 'source: shipped' "$out/explain.txt")"
     ;;
 check)
-    slops verify "$workload" --require-all
-    slops bench "$workload" -o "$out/bench.json" --plot "$out/bench.png"
+    slops verify "$workload" --require-all 2>&1 | quiet
+    slops bench "$workload" -o "$out/bench.json" --plot "$out/bench.png" 2>&1 | quiet
+    python3 scripts/prefill_compare.py --out "$out/prefill-compare.json" 2>&1 | quiet
+    python3 scripts/training_compare.py --out "$out/training-compare.json" 2>&1 | quiet
+    python3 scripts/decode_compare.py --out "$out/decode-compare.json" 2>&1 | quiet | cut -c1-300
     ;;
 sweep)
     slops tune tuning/sweep-model-m.yaml --sampler exhaustive --trials 0 --timeout "$4" --problems "$3" \
