@@ -1,0 +1,206 @@
+"""Sliding-window flash backward on tensor cores: the window part of the span backward, once per query.
+
+Every span of a query attends the same window, so (see span_tc_backward.py) the window keys'
+gradients summed over the K spans are one flash-backward row per (b, h, q) with a log2 reference
+``c`` (P = exp2(s2 - c) <= 1), a combined output gradient dO* and a combined delta*.
+
+Queries are visited in the order of their (clamped) positions, so each tile of ``BLOCK`` sorted
+queries covers the key range [max(first pos - W + 1, 0), last pos] and the tiles that touch a key
+block are one contiguous run, found by ``searchsorted``: any ``cache_position`` works, and
+consecutive positions give the usual banded sliding window.
+
+- ``window_dkdv_kernel``: one program per (key block of ``window_block_n``, KV head, batch) walks
+  the query tiles (``window_block_m`` rows) of all ``rep`` heads of its group that touch its keys,
+  keeps dK/dV in registers, adds the span part already in the fp32 buffers and writes dK/dV in
+  the output dtype (no atomics).
+- ``window_dq_kernel``: one program per (query tile of ``window_block_n`` rows, query head, batch),
+  the transposed tiling, streams its key range in blocks of ``window_block_m``, adds the span part
+  and writes dQ in Q's dtype.
+
+Keys outside a tile's range, past the last position or masked out are loaded as 0 and every
+per-(row, key) term is selected with ``tl.where``, so uninitialised cache entries never reach a
+gradient.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import triton
+import triton.language as tl
+
+from .common import LOG2E
+from .decode_grouped import _dot
+
+
+@triton.jit
+def operand(x, like, UPCAST: tl.constexpr):
+    """fp32 ``x`` as a dot operand in ``like``'s dtype; kept fp32 under UPCAST (the interpreter's bf16
+    casts truncate instead of rounding to nearest)."""
+    if UPCAST:
+        out = x
+    else:
+        out = x.to(like.dtype)
+    return out
+
+
+@triton.jit
+def _load_kv(K_ptr, V_ptr, kv_base, stride_kl, mask_ptr, mask_base, offs_n, key_ok, offs_d, d_mask,
+             HAS_MASK: tl.constexpr):
+    """K/V rows offs_n (zeros where not key_ok or masked out) and the per-key validity."""
+    if HAS_MASK:
+        allowed = tl.load(mask_ptr + mask_base + offs_n, mask=key_ok, other=0)
+        key_ok = key_ok & (allowed != 0)
+    offsets = kv_base + offs_n[:, None].to(tl.int64) * stride_kl + offs_d[None, :]
+    kv_mask = key_ok[:, None] & d_mask[None, :]
+    k = tl.load(K_ptr + offsets, mask=kv_mask, other=0.0)
+    v = tl.load(V_ptr + offsets, mask=kv_mask, other=0.0)
+    return k, v, key_ok
+
+
+@triton.jit
+def _query_rows(Q_ptr, dOs_ptr, c_ptr, ds_ptr, perm_ptr, spos_ptr, sorted_idx, L_Q, q_base, stride_ql,
+                row_base, offs_d, d_mask, WINDOW, D_HEAD: tl.constexpr):
+    """Sorted query rows sorted_idx: q, dO*, c, delta*, window [lo, hi] (hi < lo: none) and row ids
+    (-1 for padding rows)."""
+    row_ok = sorted_idx < L_Q
+    query = tl.load(perm_ptr + sorted_idx, mask=row_ok, other=0).to(tl.int64)
+    pos = tl.load(spos_ptr + sorted_idx, mask=row_ok, other=-1)
+    lo = tl.maximum(pos - WINDOW + 1, 0)
+    hi = pos  # -1 for padding rows; lo > hi when WINDOW is 0
+    rd_mask = row_ok[:, None] & d_mask[None, :]
+    q = tl.load(Q_ptr + q_base + query[:, None] * stride_ql + offs_d[None, :], mask=rd_mask, other=0.0)
+    rows = tl.where(row_ok, row_base + query, -1)
+    dos = tl.load(dOs_ptr + rows[:, None] * D_HEAD + offs_d[None, :], mask=rd_mask, other=0.0)
+    c = tl.load(c_ptr + rows, mask=row_ok, other=float("inf"))
+    delta = tl.load(ds_ptr + rows, mask=row_ok, other=0.0)
+    return q, dos, c, delta, lo, hi, rows
+
+
+@triton.jit
+def window_dkdv_kernel(
+    Q_ptr, K_ptr, V_ptr, mask_ptr, dOs_ptr, c_ptr, ds_ptr, perm_ptr, spos_ptr,
+    first_ptr, last_ptr, dK_ptr, dV_ptr, dKout_ptr, dVout_ptr,
+    stride_qb, stride_qh, stride_ql, stride_kb, stride_kh, stride_kl, stride_mb,
+    H_KV, L_Q, L_KV, REP, WINDOW, qk_scale, sm_scale,
+    D_HEAD: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+    HAS_MASK: tl.constexpr, UPCAST: tl.constexpr,
+):
+    kblock = tl.program_id(0)
+    kv_head = tl.program_id(1).to(tl.int64)
+    batch = tl.program_id(2).to(tl.int64)
+    offs_n = kblock * BLOCK_N + tl.arange(0, BLOCK_N)
+    offs_d = tl.arange(0, BLOCK_D)
+    d_mask = offs_d < D_HEAD
+    last_pos = tl.load(spos_ptr + L_Q - 1)
+    k, v, key_ok = _load_kv(K_ptr, V_ptr, batch * stride_kb + kv_head * stride_kh, stride_kl, mask_ptr,
+                            batch * stride_mb, offs_n, (offs_n < L_KV) & (offs_n <= last_pos), offs_d, d_mask,
+                            HAS_MASK)
+    dk = tl.zeros((BLOCK_N, BLOCK_D), dtype=tl.float32)
+    dv = tl.zeros((BLOCK_N, BLOCK_D), dtype=tl.float32)
+    t_first = tl.load(first_ptr + kblock)
+    t_last = tl.load(last_ptr + kblock)
+    for h in range(REP):
+        head = kv_head * REP + h
+        q_base = batch * stride_qb + head * stride_qh
+        row_base = (batch * H_KV * REP + head) * L_Q
+        for t in range(t_first, t_last + 1):
+            q, dos, c, delta, lo, hi, _ = _query_rows(
+                Q_ptr, dOs_ptr, c_ptr, ds_ptr, perm_ptr, spos_ptr, t * BLOCK_M + tl.arange(0, BLOCK_M), L_Q,
+                q_base, stride_ql, row_base, offs_d, d_mask, WINDOW, D_HEAD,
+            )
+            attend = (offs_n[:, None] >= lo[None, :]) & (offs_n[:, None] <= hi[None, :]) & key_ok[:, None]
+            s2t = _dot(k, tl.trans(q), UPCAST) * qk_scale  # [BLOCK_N, BLOCK_M]
+            pt = tl.where(attend, tl.exp2(s2t - c[None, :]), 0.0)
+            dv += _dot(operand(pt, dos, UPCAST), dos, UPCAST)
+            dpt = _dot(v, tl.trans(dos), UPCAST)
+            dst = tl.where(attend, pt * (dpt - delta[None, :]), 0.0)
+            dk += _dot(operand(dst, q, UPCAST), q, UPCAST)
+    out = (batch * H_KV + kv_head) * L_KV * D_HEAD + offs_n[:, None].to(tl.int64) * D_HEAD + offs_d[None, :]
+    nd_mask = (offs_n < L_KV)[:, None] & d_mask[None, :]
+    dk = dk * sm_scale + tl.load(dK_ptr + out, mask=nd_mask, other=0.0)
+    dv = dv + tl.load(dV_ptr + out, mask=nd_mask, other=0.0)
+    tl.store(dKout_ptr + out, dk.to(dKout_ptr.dtype.element_ty), mask=nd_mask)
+    tl.store(dVout_ptr + out, dv.to(dVout_ptr.dtype.element_ty), mask=nd_mask)
+
+
+@triton.jit
+def window_dq_kernel(
+    Q_ptr, K_ptr, V_ptr, mask_ptr, dOs_ptr, c_ptr, ds_ptr, perm_ptr, spos_ptr,
+    tile_lo_ptr, tile_hi_ptr, dQ_ptr, dQout_ptr,
+    stride_qb, stride_qh, stride_ql, stride_kb, stride_kh, stride_kl, stride_mb,
+    H_Q, L_Q, REP, WINDOW, qk_scale, sm_scale,
+    D_HEAD: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+    HAS_MASK: tl.constexpr, UPCAST: tl.constexpr,
+):
+    # BLOCK_M sorted queries against key blocks of BLOCK_N.
+    tile = tl.program_id(0)
+    head = tl.program_id(1).to(tl.int64)
+    batch = tl.program_id(2).to(tl.int64)
+    offs_d = tl.arange(0, BLOCK_D)
+    d_mask = offs_d < D_HEAD
+    q, dos, c, delta, lo, hi, rows = _query_rows(
+        Q_ptr, dOs_ptr, c_ptr, ds_ptr, perm_ptr, spos_ptr, tile * BLOCK_M + tl.arange(0, BLOCK_M), L_Q,
+        batch * stride_qb + head * stride_qh, stride_ql, (batch * H_Q + head) * L_Q, offs_d, d_mask, WINDOW, D_HEAD,
+    )
+    kv_base = batch * stride_kb + (head // REP) * stride_kh
+    tile_lo = tl.load(tile_lo_ptr + tile)
+    tile_hi = tl.load(tile_hi_ptr + tile)
+    dq = tl.zeros((BLOCK_M, BLOCK_D), dtype=tl.float32)
+    for start in range(tile_lo, tile_hi + 1, BLOCK_N):
+        offs_n = start + tl.arange(0, BLOCK_N)
+        k, v, key_ok = _load_kv(K_ptr, V_ptr, kv_base, stride_kl, mask_ptr, batch * stride_mb, offs_n,
+                                offs_n <= tile_hi, offs_d, d_mask, HAS_MASK)
+        attend = (offs_n[None, :] >= lo[:, None]) & (offs_n[None, :] <= hi[:, None]) & key_ok[None, :]
+        s2 = _dot(q, tl.trans(k), UPCAST) * qk_scale
+        p = tl.where(attend, tl.exp2(s2 - c[:, None]), 0.0)
+        dp = _dot(dos, tl.trans(v), UPCAST)
+        ds = tl.where(attend, p * (dp - delta[:, None]), 0.0)
+        dq += _dot(operand(ds, k, UPCAST), k, UPCAST)
+    offsets = rows[:, None] * D_HEAD + offs_d[None, :]
+    rd_mask = (rows >= 0)[:, None] & d_mask[None, :]  # rebuilt here: a mask kept across the loop spills
+    dq = dq * sm_scale + tl.load(dQ_ptr + offsets, mask=rd_mask, other=0.0)
+    tl.store(dQout_ptr + offsets, dq.to(dQout_ptr.dtype.element_ty), mask=rd_mask)
+
+
+def sorted_tiles(pos: torch.Tensor, block: int, window: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Key range [lo, hi] (int32, nondecreasing) of each tile of ``block`` sorted positions ``pos``."""
+    lq = pos.numel()
+    starts = torch.arange(0, lq, block, device=pos.device)
+    lo = (pos[starts] - window + 1).clamp(min=0)
+    hi = pos[(starts + block - 1).clamp(max=lq - 1)] if window > 0 else lo - 1
+    return lo.to(torch.int32).contiguous(), hi.to(torch.int32).contiguous()
+
+
+def window_backward(geo, config, dos, c, delta_s, dq32, dk32, dv32, dq, dk, dv, upcast: bool) -> None:
+    """Add the window part to the span part in dq32/dk32/dv32 (fp32) and write dq/dk/dv (final dtypes).
+
+    ``dos`` [B, Hq, Lq, D], ``c`` and ``delta_s`` [B, Hq, Lq]: the combined rows of each query.
+    """
+    q, k = geo.q, geo.k
+    batch, hq, lq, dim = q.shape
+    hkv, lkv = k.shape[1], k.shape[2]
+    block_m, block_n = config["window_block_m"], config["window_block_n"]
+    pos, perm = torch.sort(geo.cache_position.clamp(max=lkv - 1), stable=True)
+    perm = perm.to(torch.int32)
+    strides = (q.stride(0), q.stride(1), q.stride(2), k.stride(0), k.stride(1), k.stride(2), geo.mask_stride)
+    scales = (LOG2E / math.sqrt(dim), 1.0 / math.sqrt(dim))
+    common = {"D_HEAD": dim, "BLOCK_D": max(16, triton.next_power_of_2(dim)), "HAS_MASK": geo.has_mask,
+              "UPCAST": upcast, "num_warps": config["window_warps"], "num_stages": config["window_stages"]}
+
+    tile_lo, tile_hi = sorted_tiles(pos, block_m, geo.window)
+    key_starts = torch.arange(0, lkv, block_n, device=q.device, dtype=torch.int32)
+    first = torch.searchsorted(tile_hi, key_starts).to(torch.int32)
+    last = (torch.searchsorted(tile_lo, key_starts + block_n - 1, right=True) - 1).to(torch.int32)
+    window_dkdv_kernel[(triton.cdiv(lkv, block_n), hkv, batch)](
+        q, k, geo.v, geo.mask, dos, c, delta_s, perm, pos, first, last, dk32, dv32, dk, dv,
+        *strides, hkv, lq, lkv, geo.rep, geo.window, *scales,
+        BLOCK_M=block_m, BLOCK_N=block_n, **common,
+    )
+    tile_lo, tile_hi = sorted_tiles(pos, block_n, geo.window)
+    window_dq_kernel[(triton.cdiv(lq, block_n), hq, batch)](
+        q, k, geo.v, geo.mask, dos, c, delta_s, perm, pos, tile_lo, tile_hi, dq32, dq,
+        *strides, hq, lq, geo.rep, geo.window, *scales,
+        BLOCK_M=block_n, BLOCK_N=block_m, **common,
+    )

@@ -1,0 +1,193 @@
+"""Tensor-core span backward (Triton interpreter) against the float64 reference gradients."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import pytest
+import torch
+from helpers import poisoned_allocations
+
+from superlinear_ops import geometry
+from superlinear_ops.kernels.launch import LaunchGeometry
+from superlinear_ops.kernels.span_tc_backward import SPAN_TC_BACKWARD_DEFAULTS, span_backward_tc
+from superlinear_ops.reference import span_backward_reference, span_forward_reference
+
+SMALL = {**SPAN_TC_BACKWARD_DEFAULTS, "window_block_m": 16, "window_block_n": 16,
+         "span_block_m": 16, "span_block_n": 16}
+# Elementwise |got - want| <= tol * (|want| + rms(want)) and ||got - want|| <= tol / 8 * ||want||.
+# 16-bit gradients see the rounded forward output through delta = dO.O (cancellation in dP - delta),
+# and the interpreter's bf16 stores truncate; the norm bound still fails a 1% error in every dtype.
+GRAD_TOL = {torch.float32: 2e-5, torch.float16: 4e-3, torch.bfloat16: 4e-2}
+MIXED = {**SMALL, "window_block_m": 32, "span_block_m": 32}  # tiles of 32 rows, key blocks of 16
+
+
+def random_spans(gen, batch, heads, cache_position, n_spans, key_length, window, max_len):
+    """Random valid spans ending before each query's window (slots of rows with t <= W, and about a
+    quarter of the others, unused: -1)."""
+    pos = cache_position.clamp(max=key_length - 1).view(1, 1, -1, 1)
+    limit = (pos - window + 1).clamp(min=0) if window > 0 else pos + 1  # spans end before this
+    shape = (batch, heads, cache_position.numel(), n_spans)
+    end = (torch.rand(shape, generator=gen) * limit).floor().long()
+    start = (end - torch.randint(1, max_len + 1, shape, generator=gen) + 1).clamp(min=0)
+    unused = (torch.rand(shape, generator=gen) < 0.25) | (limit <= 0).expand(shape)
+    return torch.where(unused, -1, start), torch.where(unused, -1, end)
+
+
+@dataclass(frozen=True)
+class Case:
+    dtype: torch.dtype
+    batch: int
+    hq: int
+    hkv: int
+    lq: int
+    lkv: int
+    dim: int
+    spans: int
+    sw_index: int
+    search_power: float | None  # None: integer path (inv_search_power_int=2)
+    masked: bool
+    max_span: int
+    consecutive: bool  # cache_position = an arange ending at Lkv - 1 (training) or random
+    config: dict
+
+    @property
+    def window(self) -> int:
+        inv = None if self.search_power is not None else 2
+        return geometry.window_len_from_sw_index(self.sw_index, search_power=self.search_power,
+                                                 inv_search_power_int=inv)
+
+
+CASES = [
+    # fp32, rep 2, B 2, float path (W 10), mask with holes, D 24, spans up to 45 keys crossing blocks
+    Case(torch.float32, 2, 4, 2, 24, 90, 24, 3, 3, 0.55, True, 45, False, SMALL),
+    # bf16, MHA, integer path (W 8), no mask, training positions, 32-row tiles over 16-key blocks
+    Case(torch.bfloat16, 1, 2, 2, 40, 40, 32, 2, 2, None, False, 30, True, MIXED),
+    # fp16, rep 4, one span, W 24 over 16-key blocks, mask, many rows with t <= W
+    Case(torch.float16, 1, 4, 1, 20, 64, 16, 1, 4, None, True, 40, False, SMALL),
+    # fp32, rep 4, D 40, three spans, no window (sw_index 0), training positions
+    Case(torch.float32, 1, 4, 1, 48, 48, 40, 3, 0, None, True, 20, True, MIXED),
+]
+
+
+def make_inputs(case: Case, gen: torch.Generator, share_spans: bool = True):
+    shape_q = (case.batch, case.hq, case.lq, case.dim)
+    shape_kv = (case.batch, case.hkv, case.lkv, case.dim)
+    q = torch.randn(shape_q, generator=gen).to(case.dtype)
+    k, v = (torch.randn(shape_kv, generator=gen).to(case.dtype) for _ in range(2))
+    if case.consecutive:
+        cache_position = torch.arange(case.lkv - case.lq, case.lkv)
+    else:  # random, unsorted, from inside the first window to past the last key (clamped)
+        cache_position = torch.randint(0, case.lkv + 4, (case.lq,), generator=gen)
+        cache_position[0] = min(3, case.lkv - 1)
+    qstart, qend = random_spans(gen, case.batch, case.hq, cache_position, case.spans, case.lkv, case.window,
+                                case.max_span)
+    if share_spans and case.hq > 1:  # head 1 copies head 0: triples that share key blocks exactly
+        qstart[:, 1], qend[:, 1] = qstart[:, 0], qend[:, 0]
+    mask = None
+    if case.masked:
+        mask = torch.rand(case.batch, case.lkv + 3, generator=gen) > 0.25
+        mask[0, case.lkv // 4: case.lkv // 2] = False  # a long hole
+    return q, k, v, qstart, qend, cache_position, mask
+
+
+def forward(case: Case, q, k, v, qstart, qend, cache_position, mask):
+    """(out in the input dtype, lse2 fp32) from the float64 reference forward."""
+    out, lse = span_forward_reference(q.double(), k.double(), v.double(), qstart, qend, cache_position, mask,
+                                      case.window, return_lse=True)
+    return out.to(case.dtype), lse.float()
+
+
+def assert_grad_close(got: torch.Tensor, want: torch.Tensor, dtype: torch.dtype, what: str) -> None:
+    """Compare a gradient with its float64 reference (GRAD_TOL); NaN never passes."""
+    assert not torch.isnan(got).any(), f"{what}: NaN"
+    err, tol = (got.double() - want).abs(), GRAD_TOL[dtype]
+    bound = tol * (want.abs() + want.pow(2).mean().sqrt())
+    worst = (err / bound).argmax()
+    assert bool((err <= bound).all()), f"{what}: error {err.flatten()[worst]:.3g} at flat index {worst}"
+    rel = (err.norm() / want.norm()).item()
+    assert rel <= tol / 8, f"{what}: relative error in norm {rel:.3g} > {tol / 8:.3g}"
+
+
+def backward(geo: LaunchGeometry, config, out, lse, grad_out):
+    """The backward with every float buffer it allocates by torch.empty starting as NaN."""
+    with poisoned_allocations():
+        return span_backward_tc(geo, config, out, lse, grad_out)
+
+
+def check_gradients(case: Case, inputs, gen: torch.Generator, geo_q=None) -> tuple[torch.Tensor, ...]:
+    q, k, v, qstart, qend, cache_position, mask = inputs
+    out, lse = forward(case, *inputs)
+    grad_out = torch.randn(out.shape, generator=gen, dtype=torch.float64)
+    geo = LaunchGeometry.prepare(q if geo_q is None else geo_q, k, v, qstart, qend, cache_position, mask,
+                                 case.window)
+    grads = backward(geo, case.config, out, lse, grad_out.to(case.dtype))
+    expected = span_backward_reference(q.double(), k.double(), v.double(), qstart, qend, cache_position,
+                                       mask, case.window, grad_out)
+    for name, got, want, like in zip("QKV", grads, expected, (q, k, v)):
+        assert got.dtype == case.dtype and got.shape == like.shape, name
+        assert_grad_close(got, want, case.dtype, f"d{name}")
+    return grads
+
+
+@pytest.mark.parametrize("case", CASES, ids=lambda c: f"{c.dtype}-rep{c.hq // c.hkv}-K{c.spans}-W{c.window}")
+def test_backward_matches_reference(case: Case, gen: torch.Generator) -> None:
+    check_gradients(case, make_inputs(case, gen), gen)
+
+
+def test_spans_in_distinct_key_blocks_and_non_contiguous_q(gen: torch.Generator) -> None:
+    case = CASES[0]
+    q, *rest = make_inputs(case, gen, share_spans=False)
+    wide = torch.randn(case.batch, case.lq, case.hq, 2 * case.dim, generator=gen).to(case.dtype)
+    strided = wide[..., : case.dim].transpose(1, 2)  # [B, Hq, Lq, D], unit stride on D only
+    strided.copy_(q)
+    assert not strided.is_contiguous()
+    check_gradients(case, (q, *rest), gen, geo_q=strided)
+
+
+def test_unattended_nan_keys_never_reach_a_gradient(gen: torch.Generator) -> None:
+    """Static-cache tail past every position and masked-out keys hold NaN: gradients stay exact."""
+    case = Case(torch.float32, 1, 4, 2, 24, 100, 24, 3, 3, 0.55, True, 30, False, SMALL)
+    q, k, v, qstart, qend, cache_position, mask = make_inputs(case, gen)
+    cache_position = cache_position.clamp(max=70)  # keys 71.. are the uninitialised tail
+    qstart, qend = random_spans(gen, 1, 4, cache_position, 3, case.lkv, case.window, case.max_span)
+    dead = torch.zeros(case.lkv, dtype=torch.bool)
+    dead[71:] = True
+    dead |= ~mask[0, : case.lkv]
+    k_nan, v_nan = k.clone(), v.clone()
+    k_nan[:, :, dead] = float("nan")
+    v_nan[:, :, dead] = float("nan")
+    out, lse = forward(case, q, k, v, qstart, qend, cache_position, mask)
+    grad_out = torch.randn(out.shape, generator=gen, dtype=torch.float64)
+    geo = LaunchGeometry.prepare(q, k_nan, v_nan, qstart, qend, cache_position, mask, case.window)
+    grads = backward(geo, case.config, out, lse, grad_out.float())
+    expected = span_backward_reference(q.double(), k.double(), v.double(), qstart, qend, cache_position, mask,
+                                       case.window, grad_out)
+    for name, got, want in zip("QKV", grads, expected):
+        assert_grad_close(got, want, case.dtype, f"d{name}")
+    assert torch.equal(grads[1][:, :, dead], torch.zeros_like(grads[1][:, :, dead]))
+
+
+def test_nan_in_an_attended_query_shows(gen: torch.Generator) -> None:
+    case = CASES[0]
+    q, k, v, qstart, qend, cache_position, mask = make_inputs(case, gen)
+    mask = None
+    cache_position = torch.arange(case.lkv - case.lq, case.lkv)  # every row attends its window
+    out, lse = forward(case, q, k, v, qstart, qend, cache_position, mask)
+    q[0, 2, 5, 7] = float("nan")
+    geo = LaunchGeometry.prepare(q, k, v, qstart, qend, cache_position, mask, case.window)
+    dq, dk, _ = span_backward_tc(geo, case.config, out, lse, torch.randn(out.shape, generator=gen))
+    assert torch.isnan(dq[0, 2, 5]).any() and torch.isnan(dk[0, 1]).any()
+
+
+@pytest.mark.parametrize("name", ["span_block_m", "window_block_n"])
+def test_bad_config_names_the_key(name: str) -> None:
+    case = CASES[0]
+    inputs = make_inputs(case, torch.Generator().manual_seed(0))
+    out, lse = forward(case, *inputs)
+    geo = LaunchGeometry.prepare(*inputs, case.window)
+    for bad, message in ((24, "power of two"), (8, "at least 16")):
+        with pytest.raises(ValueError, match=f"{name}.*{message}"):
+            span_backward_tc(geo, {**SMALL, name: bad}, out, lse, out)
+    with pytest.raises(ValueError, match=name):
+        span_backward_tc(geo, {key: val for key, val in SMALL.items() if key != name}, out, lse, out)
