@@ -47,8 +47,8 @@ BACKWARD_SPACE = (
     Param("num_stages", (1, 2, 3)),
 )
 GROUPED_SPACE = (*FORWARD_SPACE, Param("chunk", (128, 256, 512, 1024, 2048)))
-TC_FORWARD_SPACE = (  # the window kernel's tiles, then the span-tile kernel's
-    Param("window_block_m", (64, 128)),
+TC_SPACE = (  # the window kernels' tiles, then the span-tile kernel's (forward and backward)
+    Param("window_block_m", (32, 64, 128)),
     Param("window_block_n", (16, 32, 64, 128)),
     Param("window_warps", (4, 8)),
     Param("window_stages", (2, 3)),
@@ -98,11 +98,11 @@ def grouped_reasons(problem: Problem) -> list[str]:
     return reasons
 
 
-def tc_forward_reasons(problem: Problem) -> list[str]:
-    """Why the tensor-core forward cannot serve ``problem``: the Triton rules, or no tiling that fits."""
+def tc_reasons(tiles: dict, default, problem: Problem) -> list[str]:
+    """Why a tensor-core variant cannot serve ``problem``: the Triton rules, or no tiling that fits."""
     reasons = triton_reasons(problem)
     if not reasons:
-        misfit = tile_check(("window", "span"), problem, tc_forward_default(problem))
+        misfit = tile_check(tiles, problem, default(problem))
         if misfit is not None:
             reasons.append(f"even the smallest tensor-core tiles do not fit: {misfit}")
     return reasons
@@ -138,23 +138,33 @@ def resource_check(tiles: int, problem: Problem, config: KernelConfig) -> str | 
     return None
 
 
-def tile_check(parts: tuple[str, ...], problem: Problem, config: KernelConfig) -> str | None:
-    """Why a tensor-core configuration cannot build or run well (GPU only): for each kernel ``part``,
-    the [BLOCK_M, D] accumulator and [BLOCK_M, BLOCK_N] scores per thread, and the pipelined
-    K/V tiles plus the Q tile in shared memory."""
+# Per tensor-core kernel part: (fp32 register values, shared-memory elements) of one program as a
+# function of its tile sizes m (BLOCK_M), n (BLOCK_N), d (padded D) and pipeline stages s.
+FORWARD_TILES = {
+    "window": lambda m, n, d, s: (m * d + m * n, (s * 2 * n + m) * d),  # acc [m, d], scores [m, n]; K/V stages + Q
+    "span": lambda m, n, d, s: (m * d + m * n, (s * 2 * n + m) * d),
+}
+BACKWARD_TILES = {
+    "window": lambda m, n, d, s: (2 * n * d + n * m, (s * 2 * m + 2 * n) * d),  # dK, dV [n, d]; Q/dO stages + K/V
+    "span": lambda m, n, d, s: (m * d + 2 * n * d + m * n, (s * 2 * n + 2 * m) * d),  # dQ [m, d], dK/dV block
+}
+
+
+def tile_check(tiles: dict, problem: Problem, config: KernelConfig) -> str | None:
+    """Why a tensor-core configuration cannot build or run well (GPU only): each kernel part's
+    accumulators and scores per thread, and its pipelined tiles in shared memory (``tiles``)."""
     if not problem.device.is_gpu:
         return None
     block_d = next_power_of_two(problem.head_dim)
     element = 4 if problem.dtype == "float32" else 2
     limit = SHARED_MEMORY_BYTES.get(problem.device.arch, DEFAULT_SHARED_MEMORY_BYTES)
-    for part in parts:
+    for part, estimate in tiles.items():
         m, n, warps, stages = (config[f"{part}_{name}"] for name in ("block_m", "block_n", "warps", "stages"))
-        per_thread = (m * block_d + m * n) / (32 * warps)
-        if per_thread > MAX_TC_VALUES_PER_THREAD:
-            return f"{part} registers: about {per_thread:.0f} fp32 values per thread for {m}x{block_d} and {m}x{n} tiles on {warps} warps"
-        shared = (stages * 2 * n + m) * block_d * element
-        if shared > limit:
-            return f"{part} shared memory: about {shared} bytes for {stages} stages of {n}-key tiles > {limit} on {problem.device.arch}"
+        values, elements = estimate(m, n, block_d, stages)
+        if values / (32 * warps) > MAX_TC_VALUES_PER_THREAD:
+            return f"{part} registers: about {values / (32 * warps):.0f} fp32 values per thread for {m}/{n} tiles on {warps} warps"
+        if elements * element > limit:
+            return f"{part} shared memory: about {elements * element} bytes for {stages} stages of {m}/{n} tiles > {limit}"
     return None
 
 
@@ -201,14 +211,22 @@ def tc_forward_default(problem: Problem) -> KernelConfig:
     shrunk until they fit the GPU (``fitted``)."""
     from .kernels.span_tc_forward import tc_forward_default as tiles  # imports Triton on first use only
 
-    return fitted(KernelConfig(tiles(problem.head_dim, problem.torch_dtype)), ("window", "span"), problem)
+    return fitted(KernelConfig(tiles(problem.head_dim, problem.torch_dtype)), FORWARD_TILES, problem)
 
 
-def fitted(config: KernelConfig, parts: tuple[str, ...], problem: Problem) -> KernelConfig:
-    """``config`` with each tensor-core kernel ``part`` shrunk (fewer stages, then narrower key
-    tiles, then fewer rows) until ``tile_check`` accepts it."""
-    for part in parts:
-        while tile_check((part,), problem, config) is not None:
+def tc_backward_default(problem: Problem) -> KernelConfig:
+    """Heuristic tensor-core backward configuration: the H200 16K sweep's best tiles (window 32/128/8
+    warps/2 stages, spans 128/64/8/2), shrunk until they fit (``fitted``)."""
+    from .kernels.span_tc_backward import SPAN_TC_BACKWARD_DEFAULTS  # imports Triton on first use only
+
+    return fitted(KernelConfig(SPAN_TC_BACKWARD_DEFAULTS), BACKWARD_TILES, problem)
+
+
+def fitted(config: KernelConfig, tiles: dict, problem: Problem) -> KernelConfig:
+    """``config`` with each tensor-core kernel part shrunk (fewer stages, then narrower key tiles,
+    then fewer rows) until ``tile_check`` accepts it."""
+    for part in tiles:
+        while tile_check({part: tiles[part]}, problem, config) is not None:
             for name, floor in (("stages", 2), ("block_n", 16), ("block_m", 64)):
                 if config[f"{part}_{name}"] > floor:
                     value = config[f"{part}_{name}"]
@@ -256,6 +274,13 @@ def triton_backward(geo, config, out, lse, grad_out, *, fused_spans: bool, split
     return span_backward(geo, config, out, lse, grad_out, fused_spans=fused_spans, split_dkv=split_dkv)
 
 
+def tc_backward(geo, config, out, lse, grad_out):
+    """The tensor-core backward: the window part once per query, spans in shared key tiles."""
+    from .kernels.span_tc_backward import span_backward_tc
+
+    return span_backward_tc(geo, config, out, lse, grad_out)
+
+
 def reference_backward(geo, config, out, lse, grad_out):
     """The PyTorch reference backward (autograd on a recomputation)."""
     return span_backward_reference(
@@ -285,8 +310,9 @@ def position_clamped(launch):
 # --- declarations -------------------------------------------------------------------------------
 
 REGISTRY.register(Variant(
-    op=SPAN_FORWARD, name="tc_tiles", launch=tc_forward, space=TC_FORWARD_SPACE, reasons=tc_forward_reasons,
-    compile_check=partial(tile_check, ("window", "span")), default=tc_forward_default,
+    op=SPAN_FORWARD, name="tc_tiles", launch=tc_forward, space=TC_SPACE,
+    reasons=partial(tc_reasons, FORWARD_TILES, tc_forward_default),
+    compile_check=partial(tile_check, FORWARD_TILES), default=tc_forward_default,
     priority=0,  # 40x to 60x faster than per_query_span at every model-M prefill and training shape on the H200
     description="tensor cores: sliding-window flash attention once per query, spans in tiles of sorted (query, span) "
     "pairs sharing key blocks, merged by log-sum-exp",
@@ -302,6 +328,14 @@ REGISTRY.register(Variant(
     description="PyTorch reference (dense masked softmax); CPU, float64 and fallback",
 ))
 
+REGISTRY.register(Variant(
+    op=SPAN_BACKWARD, name="tc_tiles", launch=tc_backward, space=TC_SPACE,
+    reasons=partial(tc_reasons, BACKWARD_TILES, tc_backward_default),
+    compile_check=partial(tile_check, BACKWARD_TILES), default=tc_backward_default,
+    priority=0,  # 79x faster than fused_split at training 4K on the H200 (scripts/training_compare.py)
+    description="tensor cores: the window part once per query (sliding-window flash backward, dK/dV in registers), "
+    "spans in tiles of sorted (query, span) pairs with one dK/dV add per tile and key block",
+))
 for fused in (True, False):
     for split in (True, False):
         def _reasons(problem: Problem, fused=fused, split=split) -> list[str]:
@@ -313,8 +347,8 @@ for fused in (True, False):
         REGISTRY.register(Variant(
             op=SPAN_BACKWARD, name=f"{'fused' if fused else 'per_span'}_{'split' if split else 'shared'}",
             launch=partial(triton_backward, fused_spans=fused, split_dkv=split), space=BACKWARD_SPACE,
-            reasons=_reasons, compile_check=partial(resource_check, 3), default=backward_default,
-            priority=(0 if fused else 2) + (0 if split else 1),
+            reasons=_reasons, compile_check=partial(resource_check, 3), default=backward_default, baseline=True,
+            priority=(1 if fused else 3) + (0 if split else 1),
             description=f"{layout}; dK/dV {'per query head, then a group sum' if split else 'by atomics into shared buffers'}",
         ))
 

@@ -121,7 +121,7 @@ def test_explain_reports_variants_key_layers_and_choice() -> None:
     assert key_of(p).text() in text
     assert "fused_split: not supported: K = 1 span slot" in text
     assert "user: miss (own key): no entry" in text
-    assert "choice: span_backward/per_span_split" in text and HEURISTIC in text
+    assert "choice: span_backward/tc_tiles" in text and HEURISTIC in text
 
 
 def test_no_applicable_variant_raises_with_every_reason() -> None:

@@ -33,7 +33,7 @@ import triton.language as tl
 
 from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
-from ..kernels.common import LOG2E, window_bounds
+from ..kernels.common import LOG2E, tc_dot, window_bounds
 
 NO_STRIPE = tl.constexpr(2**31 - 1)  # candidate stripe index that loses every tie
 WINDOW_CHUNK = 64  # keys per window program (one tensor-core step: window programs finish early)
@@ -46,19 +46,6 @@ def _decode_position(cache_pos_ptr, LAST, L_KV):
     """pos = the last cache position clamped to [0, L_KV - 1], as int64."""
     pos = tl.load(cache_pos_ptr + LAST).to(tl.int64)
     return tl.maximum(tl.minimum(pos, L_KV - 1), 0)
-
-
-@triton.jit
-def _dot(a, b, UPCAST: tl.constexpr):
-    """a @ b with fp32 accumulation (exact fp32 FMAs for fp32 inputs, tensor cores for 16-bit ones).
-
-    ``UPCAST`` computes in fp32 instead: Triton 3.6's interpreter multiplies bf16 bit patterns.
-    """
-    if UPCAST:
-        out = tl.dot(a.to(tl.float32), b.to(tl.float32), input_precision="ieee")
-    else:
-        out = tl.dot(a, b, input_precision="ieee")
-    return out
 
 
 @triton.jit
@@ -87,7 +74,7 @@ def _stripe_candidates(
         Q1_ptr + batch * stride_qb + heads[:, None] * stride_qh + offs_d[None, :],
         mask=(rows[:, None] < REP) & d_mask[None, :], other=0.0,
     )
-    scores = _dot(queries, tl.trans(keys), UPCAST)  # [REP_PAD, BLOCK_S]
+    scores = tc_dot(queries, tl.trans(keys), UPCAST)  # [REP_PAD, BLOCK_S]
     scores = tl.where(valid[None, :], scores, float("-inf"))
 
     first = (batch * H_Q + heads) * N_CANDIDATES + block * TOPK
@@ -140,14 +127,14 @@ def _attend(
         kv_mask = valid[:, None] & d_mask[None, :]
         k = tl.load(K_ptr + offsets, mask=kv_mask, other=0.0)
         v = tl.load(V_ptr + offsets, mask=kv_mask, other=0.0)
-        s2 = _dot(q, tl.trans(k), UPCAST) * qk_scale
+        s2 = tc_dot(q, tl.trans(k), UPCAST) * qk_scale
         s2 = tl.where(valid[None, :], s2, float("-inf"))
         m_new = tl.maximum(m, tl.max(s2, axis=1))
         m_ref = tl.where(m_new == float("-inf"), 0.0, m_new)
         alpha = tl.exp2(m - m_ref)
         p = tl.exp2(s2 - m_ref[:, None])
         l = l * alpha + tl.sum(p, axis=1)
-        acc = acc * alpha[:, None] + _dot(p.to(v.dtype), v, UPCAST)
+        acc = acc * alpha[:, None] + tc_dot(p.to(v.dtype), v, UPCAST)
         m = m_new
     return acc, m, l
 

@@ -51,3 +51,16 @@ def scored_block(
     s2 = tl.sum(k * q[None, :], axis=1) * qk_scale
     s2 = tl.where(valid, s2, float("-inf"))
     return s2, k, v, offs_k, kv_mask
+
+
+@triton.jit
+def tc_dot(a, b, UPCAST: tl.constexpr):
+    """a @ b with fp32 accumulation: tensor cores for 16-bit inputs, exact FMAs for fp32 ones.
+
+    ``UPCAST`` computes in fp32 instead: Triton 3.6's interpreter multiplies bf16 bit patterns.
+    """
+    if UPCAST:
+        out = tl.dot(a.to(tl.float32), b.to(tl.float32), input_precision="ieee")
+    else:
+        out = tl.dot(a, b, input_precision="ieee")
+    return out

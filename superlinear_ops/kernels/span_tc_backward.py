@@ -29,8 +29,7 @@ import torch
 import triton
 import triton.language as tl
 
-from .common import LOG2E
-from .decode_grouped import _dot
+from .common import LOG2E, tc_dot
 from .launch import LaunchGeometry
 from .span_tiles import span_tile_plan
 from .window_tc_backward import _load_kv, operand, window_backward
@@ -125,13 +124,13 @@ def span_tile_backward_kernel(
         k, v, key_ok = _load_kv(K_ptr, V_ptr, kv_base, stride_kl, mask_ptr, batch * stride_mb, offs_n,
                                 in_range, offs_d, d_mask, HAS_MASK)
         attend = (offs_n[None, :] >= lo[:, None]) & (offs_n[None, :] <= hi[:, None]) & key_ok[None, :]
-        s2 = _dot(q, tl.trans(k), UPCAST) * qk_scale
+        s2 = tc_dot(q, tl.trans(k), UPCAST) * qk_scale
         p = tl.where(attend, tl.exp2(s2 - lse[:, None]), 0.0)
-        dp = _dot(do, tl.trans(v), UPCAST)
+        dp = tc_dot(do, tl.trans(v), UPCAST)
         ds = tl.where(attend, p * (dp - delta[:, None]), 0.0)
-        dq += _dot(operand(ds, k, UPCAST), k, UPCAST)
-        dk = _dot(tl.trans(operand(ds, q, UPCAST)), q, UPCAST) * sm_scale
-        dv = _dot(tl.trans(operand(p, do, UPCAST)), do, UPCAST)
+        dq += tc_dot(operand(ds, k, UPCAST), k, UPCAST)
+        dk = tc_dot(tl.trans(operand(ds, q, UPCAST)), q, UPCAST) * sm_scale
+        dv = tc_dot(tl.trans(operand(p, do, UPCAST)), do, UPCAST)
         offsets = dkv_base + offs_n[:, None].to(tl.int64) * D_HEAD + offs_d[None, :]
         nd_mask = in_range[:, None] & d_mask[None, :]
         tl.atomic_add(dK_ptr + offsets, dk, mask=nd_mask, sem="relaxed")
@@ -176,7 +175,7 @@ def span_backward_tc(
     if q.numel() == 0 or lkv == 0 or n_spans == 0:
         return torch.zeros_like(q), dk32.to(k.dtype), dv32.to(v.dtype)
     grad_out, out, lse2 = grad_out.contiguous(), out.contiguous(), lse2.contiguous()
-    upcast = q.device.type == "cpu" and q.dtype != torch.float32  # see _dot
+    upcast = q.device.type == "cpu" and q.dtype != torch.float32  # see tc_dot
     block_d = max(16, triton.next_power_of_2(dim))
 
     n_rows = batch * hq * lq

@@ -23,23 +23,10 @@ import torch
 import triton
 import triton.language as tl
 
-from .common import LOG2E
+from .common import LOG2E, tc_dot
 from .launch import LaunchGeometry
 
 NO_KEY = tl.constexpr(2**31 - 1)  # tile-range sentinel of a row that attends nothing
-
-
-@triton.jit
-def tc_dot(a, b, UPCAST: tl.constexpr):
-    """a @ b with fp32 accumulation: tensor cores for 16-bit inputs, exact FMAs for fp32 ones.
-
-    ``UPCAST`` computes in fp32 instead: Triton 3.6's interpreter multiplies bf16 bit patterns.
-    """
-    if UPCAST:
-        out = tl.dot(a.to(tl.float32), b.to(tl.float32), input_precision="ieee")
-    else:
-        out = tl.dot(a, b, input_precision="ieee")
-    return out
 
 
 @triton.jit

@@ -30,8 +30,7 @@ import torch
 import triton
 import triton.language as tl
 
-from .common import LOG2E
-from .decode_grouped import _dot
+from .common import LOG2E, tc_dot
 
 
 @triton.jit
@@ -111,12 +110,12 @@ def window_dkdv_kernel(
                 q_base, stride_ql, row_base, offs_d, d_mask, WINDOW, D_HEAD,
             )
             attend = (offs_n[:, None] >= lo[None, :]) & (offs_n[:, None] <= hi[None, :]) & key_ok[:, None]
-            s2t = _dot(k, tl.trans(q), UPCAST) * qk_scale  # [BLOCK_N, BLOCK_M]
+            s2t = tc_dot(k, tl.trans(q), UPCAST) * qk_scale  # [BLOCK_N, BLOCK_M]
             pt = tl.where(attend, tl.exp2(s2t - c[None, :]), 0.0)
-            dv += _dot(operand(pt, dos, UPCAST), dos, UPCAST)
-            dpt = _dot(v, tl.trans(dos), UPCAST)
+            dv += tc_dot(operand(pt, dos, UPCAST), dos, UPCAST)
+            dpt = tc_dot(v, tl.trans(dos), UPCAST)
             dst = tl.where(attend, pt * (dpt - delta[None, :]), 0.0)
-            dk += _dot(operand(dst, q, UPCAST), q, UPCAST)
+            dk += tc_dot(operand(dst, q, UPCAST), q, UPCAST)
     out = (batch * H_KV + kv_head) * L_KV * D_HEAD + offs_n[:, None].to(tl.int64) * D_HEAD + offs_d[None, :]
     nd_mask = (offs_n < L_KV)[:, None] & d_mask[None, :]
     dk = dk * sm_scale + tl.load(dK_ptr + out, mask=nd_mask, other=0.0)
@@ -153,11 +152,11 @@ def window_dq_kernel(
         k, v, key_ok = _load_kv(K_ptr, V_ptr, kv_base, stride_kl, mask_ptr, batch * stride_mb, offs_n,
                                 offs_n <= tile_hi, offs_d, d_mask, HAS_MASK)
         attend = (offs_n[None, :] >= lo[:, None]) & (offs_n[None, :] <= hi[:, None]) & key_ok[None, :]
-        s2 = _dot(q, tl.trans(k), UPCAST) * qk_scale
+        s2 = tc_dot(q, tl.trans(k), UPCAST) * qk_scale
         p = tl.where(attend, tl.exp2(s2 - c[:, None]), 0.0)
-        dp = _dot(dos, tl.trans(v), UPCAST)
+        dp = tc_dot(dos, tl.trans(v), UPCAST)
         ds = tl.where(attend, p * (dp - delta[:, None]), 0.0)
-        dq += _dot(operand(ds, k, UPCAST), k, UPCAST)
+        dq += tc_dot(operand(ds, k, UPCAST), k, UPCAST)
     offsets = rows[:, None] * D_HEAD + offs_d[None, :]
     rd_mask = (rows >= 0)[:, None] & d_mask[None, :]  # rebuilt here: a mask kept across the loop spills
     dq = dq * sm_scale + tl.load(dQ_ptr + offsets, mask=rd_mask, other=0.0)
