@@ -69,6 +69,28 @@ def check_block_k(block_k: int) -> int:
     return block_k
 
 
+def unit_stride(t: torch.Tensor) -> torch.Tensor:
+    """``t`` with a unit stride on its last dimension (copied only when it has none)."""
+    return t if t.stride(-1) == 1 else t.contiguous()
+
+
+def key_value_pair(k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """K and V with unit D strides and equal strides (one set of strides serves both)."""
+    if k.stride(-1) != 1 or v.stride(-1) != 1 or k.stride() != v.stride():
+        return k.contiguous(), v.contiguous()
+    return k, v
+
+
+def mask_bytes(attention_mask: torch.Tensor | None, device: torch.device) -> torch.Tensor:
+    """The keep-mask as uint8 with a unit column stride (a bool mask is reinterpreted, not copied);
+    a 1-element dummy that no kernel reads when there is no mask."""
+    if attention_mask is None:
+        return torch.zeros(1, dtype=torch.uint8, device=device)
+    if attention_mask.dtype == torch.bool:
+        return unit_stride(attention_mask).view(torch.uint8)
+    return (attention_mask != 0).to(torch.uint8)
+
+
 @dataclass(frozen=True)
 class LaunchGeometry:
     """Span-attention inputs laid out the way the kernels read them.
@@ -116,23 +138,15 @@ class LaunchGeometry:
         window: int,
     ) -> "LaunchGeometry":
         """Lay validated inputs out for the kernels, copying only what is not already usable."""
-        q = q if q.stride(-1) == 1 else q.contiguous()
-        if k.stride(-1) != 1 or v.stride(-1) != 1 or k.stride() != v.stride():
-            k, v = k.contiguous(), v.contiguous()
-        if attention_mask is None:
-            mask = torch.zeros(1, dtype=torch.uint8, device=q.device)
-        elif attention_mask.dtype == torch.bool and attention_mask.stride(-1) == 1:
-            mask = attention_mask.view(torch.uint8)
-        else:
-            mask = (attention_mask != 0).to(torch.uint8)
+        k, v = key_value_pair(k, v)
         return cls(
-            q=q,
+            q=unit_stride(q),
             k=k,
             v=v,
             qstart=qstart.contiguous(),
             qend=qend.contiguous(),
             cache_position=cache_position.to(torch.int32).contiguous(),
-            mask=mask,
+            mask=mask_bytes(attention_mask, q.device),
             has_mask=attention_mask is not None,
             window=int(window),
         )
