@@ -18,7 +18,8 @@ def gate_and_combine(scores: torch.Tensor, span_out: torch.Tensor, dtype: torch.
     weighting the span outputs [B, Hq, 1, topk, D]; returns [B, Hq, 1, D] in ``dtype``."""
     any_chosen = (scores > float("-inf")).any(dim=-1, keepdim=True)
     gate = torch.softmax(torch.where(any_chosen, scores, torch.zeros_like(scores)), dim=-1)
-    return (gate[:, :, None, :, None] * span_out.float()).sum(dim=3).to(dtype)
+    cdt = torch.float64 if span_out.dtype == torch.float64 else torch.float32
+    return (gate[:, :, None, :, None].to(cdt) * span_out.to(cdt)).sum(dim=3).to(dtype)
 
 
 def search_spans(
@@ -31,9 +32,11 @@ def search_spans(
     """Steps 1-3 in one Triton kernel: (qstart, qend [B, Hq, 1, topk], chosen scores [B, Hq, topk], tables)."""
     from .kernels.decode_search import stripe_search  # imports Triton on first use only
 
+    settings = settings.for_keys(k.shape[2])
     tables = decode_tables(k.shape[2], settings, q1.device)
     qstart, qend, scores = stripe_search(
-        q1, k, tables.offsets, cache_position, attention_mask, tables.back, tables.forward, settings.window,
+        q1, k, tables.offsets, cache_position, attention_mask, tables.back, tables.forward,
+        settings.window_for(k.shape[2]),
         settings.topk,
     )
     return qstart, qend, scores, tables
@@ -51,6 +54,7 @@ def fused_search_decode(
 ) -> torch.Tensor:
     """Staged decode with steps 1-3 in one Triton kernel (``kernels.decode_search``)."""
     qstart, qend, scores, _ = search_spans(q1, k, cache_position, attention_mask, settings)
-    geo = LaunchGeometry.prepare(q2, k, v, qstart, qend, cache_position[-1:], attention_mask, settings.window)
+    pos = cache_position[-1:].clamp(max=k.shape[2] - 1)  # before the kernels' int32 cast
+    geo = LaunchGeometry.prepare(q2, k, v, qstart, qend, pos, attention_mask, settings.window_for(k.shape[2]))
     span_out, _ = span_forward(geo)
     return gate_and_combine(scores, span_out, q2.dtype)

@@ -23,9 +23,10 @@ def grouped_decode(
     """Decode output [B, Hq, 1, D] for validated inputs (three launches, no host synchronisation)."""
     from .kernels.decode_grouped import grouped_decode_attention  # imports Triton on first use only
 
+    settings = settings.for_keys(k.shape[2])
     tables = decode_tables(k.shape[2], settings, q1.device)
     return grouped_decode_attention(
         q1, q2, k, v, cache_position, attention_mask, tables.offsets, tables.back, tables.forward,
-        settings.window, settings.topk, tables.longest_span,
+        settings.window_for(k.shape[2]), settings.topk, tables.longest_span,
         block_k=config.block_k, num_warps=config.num_warps, num_stages=config.num_stages,
     )
