@@ -4,6 +4,11 @@ Argument names, order and defaults follow the original, except ``block_k``, whos
 ``None`` (the library chooses; an int forces it). ``span_len_factor`` is accepted and checked but
 no longer bounds anything: spans of any length are computed exactly. Extra keyword-only
 arguments: ``validate`` (run the checks that read tensor values, see ``validation``).
+
+Out-of-range values are clamped where the result stays exact, never rejected: a cache position
+past the keys (even past int32) acts as Lkv - 1 (SPEC: pos = min(cache_position, Lkv - 1)); in
+decode, a window longer than the keys covers them all, span lengths stop at the keys and topk
+stops at the number of stripes (extra slots would always be empty; ``decode.DecodeSettings``).
 """
 
 from __future__ import annotations
@@ -14,6 +19,14 @@ from . import geometry, torch_ops, validation
 from .kernels.launch import check_block_k
 
 FORCE_MODES = (None, "sdpa", "span")
+
+
+def _positions(cache_position: torch.Tensor, key_length: int) -> torch.Tensor:
+    """cache_position clamped to [-1, Lkv - 1] (the same attention, SPEC section 2), so that the
+    kernels' int32 cast never wraps a position past int32."""
+    if cache_position.dtype == torch.int32:
+        return cache_position
+    return cache_position.clamp(-1, key_length - 1)
 
 
 def _checked_block_k(block_k: int | None) -> int:
@@ -50,7 +63,8 @@ def fused_span_attention_gqa(
     geometry.check_factor("span_len_factor", span_len_factor, allow_zero=False)
     geometry.check_span_power(span_power)
     sw_index = geometry.check_non_negative_int("sw_index", sw_index)
-    geometry.power_params(search_power=search_power, inv_search_power_int=inv_search_power_int)
+    params = geometry.power_params(search_power=search_power, inv_search_power_int=inv_search_power_int)
+    geometry.check_window_bound(sw_index, params)
     block_k = _checked_block_k(block_k)
     if validation.validation_requested(validate):
         window = geometry.window_len_from_sw_index(
@@ -58,7 +72,8 @@ def fused_span_attention_gqa(
         )
         validation.check_span_contract(qstart, qend, cache_position, K.shape[2], window)
     out, _ = torch_ops.span_forward(
-        Q2, K, V, qstart, qend, cache_position, attention_mask, sw_index, search_power, inv_search_power_int, block_k
+        Q2, K, V, qstart, qend, _positions(cache_position, K.shape[2]), attention_mask, sw_index, search_power,
+        inv_search_power_int, block_k,
     )
     return out
 
@@ -120,18 +135,21 @@ def decode_span_attention_staged_gqa(
         raise ValueError(f"force_mode must be one of {FORCE_MODES}, got {force_mode!r}")
     if not isinstance(enable_gqa, bool):
         raise TypeError(f"enable_gqa must be a bool, got {type(enable_gqa).__name__}")
-    geometry.power_params(search_power=search_power, inv_search_power_int=inv_search_power_int)
+    params = geometry.power_params(search_power=search_power, inv_search_power_int=inv_search_power_int)
     sw_index = geometry.check_non_negative_int("sw_index", sw_index)
+    geometry.check_window_bound(sw_index, params)
     backward_factor = geometry.check_factor("backward_factor", backward_factor, allow_zero=True)
     forward_factor = geometry.check_factor("forward_factor", forward_factor, allow_zero=True)
     span_power = geometry.check_span_power(span_power)
     block_k = _checked_block_k(block_k)
     if validation.validation_requested(validate) and bool((cache_position < 0).any()):
         raise ValueError("cache_position must be >= 0")
+    if Q2.shape[0] == 0:
+        return torch.empty_like(Q2)
     if force_mode == "sdpa":
         # Plain attention over keys [0, pos]: one span covering them, no window.
         batch, hq = Q2.shape[:2]
-        last = cache_position[-1:].to(torch.int64)
+        last = _positions(cache_position[-1:].to(torch.int64), K.shape[2])
         qend = last.view(1, 1, 1, 1).expand(batch, hq, 1, 1)
         out, _ = torch_ops.span_forward(
             Q2, K, V, torch.zeros_like(qend), qend, last, attention_mask, 0, None, 2, block_k

@@ -17,7 +17,11 @@ from decimal import Decimal, localcontext
 import numpy as np
 import torch
 
+from .validation import check_mask_dtype
+
 INTEGER_INV_POWERS = (2, 3, 4, 5, 6)
+MIN_SEARCH_POWER = 0.02  # inv_p <= 50: smaller powers put every stripe past any key
+MAX_POSITION = 2**62  # bound on token positions and window lengths (exact in int64 and float64 ranks)
 _NEAR_INTEGER = 1e-9  # relative distance under which float64 results are re-checked exactly
 
 
@@ -93,8 +97,8 @@ def power_params(*, search_power: float | None, inv_search_power_int: int | None
         n = inv_search_power_int
         return PowerParams(p=1.0 / n, inv_p=float(n), inv_int=n)
     p = _finite_float("search_power", search_power)
-    if not 0.0 < p < 1.0:
-        raise ValueError(f"search_power must be in (0, 1), got {p}")
+    if not MIN_SEARCH_POWER <= p < 1.0:
+        raise ValueError(f"search_power must be in [{MIN_SEARCH_POWER}, 1), got {p}")
     inv_p = 1.0 / p
     n = int(round(inv_p))
     inv_int = n if n in INTEGER_INV_POWERS and float(n) == inv_p else 0
@@ -124,25 +128,34 @@ def _exact_pow(base: int, exponent: float) -> Decimal:
 
 
 def floor_powers(bases: np.ndarray, exponent: float) -> np.ndarray:
-    """floor(b ** exponent) for each integer b >= 0, exact (float64 with exact tie-breaking)."""
+    """floor(b ** exponent) for each integer b >= 0, exact (float64 with exact tie-breaking).
+
+    Values above ``MAX_POSITION`` come back as ``MAX_POSITION`` (past any key: never a real stripe).
+    """
     bases = np.asarray(bases, dtype=np.int64)
     if float(exponent).is_integer():
-        return np.array([int(b) ** int(exponent) for b in bases.tolist()], dtype=np.int64)
+        return np.array([min(int(b) ** int(exponent), MAX_POSITION) for b in bases.tolist()], dtype=np.int64)
     values = bases.astype(np.float64) ** exponent
-    result = np.floor(values).astype(np.int64)
+    too_large = values >= MAX_POSITION
+    result = np.floor(np.where(too_large, MAX_POSITION, values)).astype(np.int64)
     near = np.abs(values - np.round(values)) <= _NEAR_INTEGER * np.maximum(values, 1.0)
+    near &= ~too_large & (bases > 1)  # 0 and 1 are exact powers of themselves
     for i in np.flatnonzero(near).tolist():
         result[i] = int(_exact_pow(int(bases[i]), exponent).to_integral_value(rounding="ROUND_FLOOR"))
     return result
 
 
 def ceil_scaled_powers(factor: float, bases: np.ndarray, exponent: float) -> np.ndarray:
-    """ceil(factor * b ** exponent) for each integer b >= 0, exact (0 for b = 0 or factor = 0)."""
+    """ceil(factor * b ** exponent) for each integer b >= 0, exact (0 for b = 0 or factor = 0).
+
+    Values above ``MAX_POSITION`` come back as ``MAX_POSITION`` (longer than any span can be).
+    """
     bases = np.asarray(bases, dtype=np.int64)
     values = factor * bases.astype(np.float64) ** exponent
-    result = np.ceil(values).astype(np.int64)
+    too_large = values >= MAX_POSITION
+    result = np.ceil(np.where(too_large, MAX_POSITION, values)).astype(np.int64)
     near = np.abs(values - np.round(values)) <= _NEAR_INTEGER * np.maximum(values, 1.0)
-    for i in np.flatnonzero(near & (bases > 0)).tolist():
+    for i in np.flatnonzero(near & (bases > 0) & ~too_large).tolist():
         with localcontext() as ctx:
             ctx.prec = 60
             exact = Decimal(factor) * _exact_pow(int(bases[i]), exponent)
@@ -155,9 +168,24 @@ def ceil_scaled_power(factor: float, base: int, exponent: float) -> int:
     return int(ceil_scaled_powers(factor, np.array([base]), exponent)[0])
 
 
+def check_window_bound(sw_index: int, params: PowerParams) -> None:
+    """ValueError naming sw_index when its window W = (sw_index + 1) ** (1/p) - 1 exceeds 2**62 keys
+    (pure Python: cheap, and traceable by torch.compile)."""
+    exponent = float(params.inv_int) if params.integer_path else params.inv_p
+    if sw_index >= MAX_POSITION or math.log(sw_index + 1) * exponent >= math.log(MAX_POSITION):
+        raise ValueError(
+            f"sw_index = {sw_index} gives a window longer than 2**62 keys (W = (sw_index + 1) ** {exponent:g} - 1); "
+            "any window at least as long as the keys already covers them all"
+        )
+
+
 @functools.lru_cache(maxsize=256)
 def window_length(sw_index: int, params: PowerParams) -> int:
-    """Sliding-window length W = floor((sw_index + 1) ** (1/p)) - 1 for checked parameters."""
+    """Sliding-window length W = floor((sw_index + 1) ** (1/p)) - 1 for checked parameters.
+
+    Raises ValueError naming sw_index when W would exceed ``MAX_POSITION`` (2**62) keys.
+    """
+    check_window_bound(sw_index, params)
     exponent = float(params.inv_int) if params.integer_path else params.inv_p
     return int(floor_powers(np.array([sw_index + 1]), exponent)[0]) - 1
 
@@ -185,6 +213,8 @@ def max_stripe_index_for_token_pos(
 ) -> int:
     """Largest stripe index i with floor(i ** (1/p)) <= token_pos."""
     token_pos = check_non_negative_int("token_pos", token_pos)
+    if token_pos >= MAX_POSITION:
+        raise ValueError(f"token_pos must be < 2**62, got {token_pos}")
     params = power_params(search_power=search_power, inv_search_power_int=inv_search_power_int)
     if params.integer_path:
         return _integer_root(token_pos, params.inv_int)
@@ -200,7 +230,11 @@ def max_stripe_index_for_token_pos(
 
 @functools.lru_cache(maxsize=256)
 def stripe_count(key_length: int, sw_index: int, params: PowerParams) -> int:
-    """S of SPEC section 3: max(largest stripe index for key_length, sw_index + 1)."""
+    """S of SPEC section 3: max(largest stripe index for key_length, sw_index + 1).
+
+    Raises ValueError naming sw_index when its window exceeds 2**62 keys (``window_length``).
+    """
+    window_length(sw_index, params)
     if params.integer_path:
         largest = _integer_root(key_length, params.inv_int)
     else:
@@ -246,11 +280,13 @@ def stripe_offsets_tensor(key_length: int, sw_index: int, params: PowerParams, d
 
 
 def span_length_table(factor: float, span_power: float, max_base: int, device: torch.device) -> torch.Tensor:
-    """int64 tensor L with L[d] = ceil(factor * d ** span_power) for d = 0 .. max_base, cached."""
+    """int64 tensor L with L[d] = min(ceil(factor * d ** span_power), max_base) for d = 0 .. max_base,
+    cached. The clamp is exact for spans over ``max_base`` keys (a span that long reaches past every
+    key either way) and keeps huge factors from producing huge grids."""
     return _cached_device_table(
         ("span_len", float(factor), float(span_power), max_base),
         device,
-        lambda: ceil_scaled_powers(factor, np.arange(max_base + 1), span_power),
+        lambda: np.minimum(ceil_scaled_powers(factor, np.arange(max_base + 1), span_power), max_base),
     )
 
 
@@ -262,8 +298,13 @@ def span_ends(
     attention_mask: torch.Tensor | None,
     forward_factor: float,
     span_power: float,
+    table_length: int | None = None,
 ) -> torch.Tensor:
-    """qend for checked arguments (see ``compute_qend_from_qanchor``); tensor ops only, no sync."""
+    """qend for checked arguments (see ``compute_qend_from_qanchor``); tensor ops only, no sync.
+
+    The span-length table covers distances up to ``table_length`` (default ``key_length``): give a
+    smaller bound when no position can reach further.
+    """
     if forward_factor == 0.0:
         return qanchor
     device = qanchor.device
@@ -272,8 +313,9 @@ def span_ends(
         first_allowed = (attention_mask[:, :key_length] != 0).to(torch.int8).argmax(dim=1)
     else:
         first_allowed = torch.zeros(qanchor.shape[0], dtype=torch.int64, device=device)
-    distance = (pos[None, :] + 1 - first_allowed[:, None]).clamp(min=0)  # [B, Lq]
-    forward_len = span_length_table(forward_factor, span_power, key_length, device)[distance]
+    table_length = key_length if table_length is None else table_length
+    distance = (pos[None, :] + 1 - first_allowed[:, None]).clamp(0, table_length)  # [B, Lq]
+    forward_len = span_length_table(forward_factor, span_power, table_length, device)[distance]
     qend = qanchor.to(torch.int64) + forward_len[:, None, :, None]
     limit = pos if window == 0 else pos - window
     qend = torch.minimum(qend, limit.view(1, 1, -1, 1))
@@ -298,22 +340,29 @@ def compute_qend_from_qanchor(
     qend = anchor when forward_factor is 0, else
     min(anchor + ceil(ff * (t - s) ** span_power), pos, key_length - 1, pos - W [W > 0]),
     with pos = min(cache_position, key_length - 1), t = pos + 1 and s the first key the mask allows.
+    Reads max(cache_position) on the host (it sizes the span-length table). qanchor and
+    cache_position must be int32/int64, the mask bool or integer; key_length at most 2**62.
     """
-    if not isinstance(qanchor, torch.Tensor):
-        raise TypeError(f"qanchor must be a torch.Tensor, got {type(qanchor).__name__}")
+    for name, t in (("qanchor", qanchor), ("cache_position", cache_position)):
+        if not isinstance(t, torch.Tensor):
+            raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+        if t.dtype not in (torch.int32, torch.int64):  # narrower types would wrap the span ends
+            raise TypeError(f"{name} must be int32 or int64, got {t.dtype}")
     if qanchor.dim() != 4:
         raise ValueError(f"qanchor must be 4-D [B, H, Lq, K], got shape {tuple(qanchor.shape)}")
-    if qanchor.dtype.is_floating_point or qanchor.dtype == torch.bool:
-        raise TypeError(f"qanchor must have an integer dtype, got {qanchor.dtype}")
-    if not isinstance(cache_position, torch.Tensor) or cache_position.dim() != 1:
-        raise ValueError("cache_position must be a 1-D tensor [Lq]")
+    if cache_position.dim() != 1:
+        raise ValueError(f"cache_position must be a 1-D tensor [Lq], got shape {tuple(cache_position.shape)}")
     if cache_position.numel() != qanchor.shape[2]:
         raise ValueError(
             f"cache_position has {cache_position.numel()} entries but qanchor has Lq = {qanchor.shape[2]}"
         )
     key_length = check_non_negative_int("key_length", key_length)
-    if key_length == 0:
-        raise ValueError("key_length must be > 0")
+    if not 0 < key_length <= MAX_POSITION:
+        raise ValueError(f"key_length must be in [1, 2**62], got {key_length}")
+    if attention_mask is not None and not isinstance(attention_mask, torch.Tensor):
+        raise TypeError(f"attention_mask must be a torch.Tensor or None, got {type(attention_mask).__name__}")
+    if attention_mask is not None:
+        check_mask_dtype(attention_mask)
     if attention_mask is not None and (
         attention_mask.dim() != 2
         or attention_mask.shape[0] != qanchor.shape[0]
@@ -325,6 +374,8 @@ def compute_qend_from_qanchor(
     window = window_len_from_sw_index(
         sw_index, search_power=search_power, inv_search_power_int=inv_search_power_int
     )
+    # The table needs distances up to the furthest position only (one host read of the positions).
+    furthest = int(cache_position.max()) + 1 if cache_position.numel() else 0
     return span_ends(
         qanchor,
         cache_position,
@@ -333,4 +384,5 @@ def compute_qend_from_qanchor(
         attention_mask,
         check_factor("forward_factor", forward_factor, allow_zero=True),
         check_span_power(span_power),
+        table_length=min(max(furthest, 0), key_length),
     )

@@ -67,10 +67,20 @@ def _attention_tensors(q_name: str, q: object, k: object, v: object) -> tuple[in
     return batch, hq, lq, dim, hkv, lkv
 
 
+def check_mask_dtype(mask: torch.Tensor) -> None:
+    """A keep-mask is bool or integer (nonzero = attend); floating (additive 0/-inf) masks are refused."""
+    if mask.dtype.is_floating_point or mask.dtype.is_complex:
+        raise TypeError(
+            f"attention_mask must be a bool or integer keep-mask (True/nonzero = the key may be attended), "
+            f"got {mask.dtype}; convert an additive float mask (0 / -inf) with `mask == 0`"
+        )
+
+
 def _mask(attention_mask: object, batch: int, lkv: int, device: torch.device) -> None:
     if attention_mask is None:
         return
     mask = _tensor("attention_mask", attention_mask)
+    check_mask_dtype(mask)
     _rank("attention_mask", mask, 2, "[B, >= Lkv]")
     if mask.shape[0] != batch or mask.shape[1] < lkv:
         raise ValueError(f"attention_mask must be [B={batch}, >= Lkv={lkv}], got {tuple(mask.shape)}")

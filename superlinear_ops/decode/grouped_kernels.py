@@ -76,6 +76,7 @@ def _stripe_candidates(
     )
     scores = tc_dot(queries, tl.trans(keys), UPCAST)  # [REP_PAD, BLOCK_S]
     scores = tl.where(valid[None, :], scores, float("-inf"))
+    scores = tl.where(scores != scores, float("inf"), scores)  # a NaN score wins and makes the gate NaN
 
     first = (batch * H_Q + heads) * N_CANDIDATES + block * TOPK
     for j in tl.static_range(TOPK):
@@ -329,7 +330,8 @@ def _gated_merge(
         a_w, a_s = tl.exp2(w_m - m_ref), tl.exp2(s_m - m_ref)
         l = w_l * a_w + s_l * a_s
         acc = w_acc * a_w + s_acc * a_s
-        span_out = tl.where(l > 0.0, acc / tl.where(l > 0.0, l, 1.0), 0.0)
+        has_keys = (l > 0.0) | (l != l)  # NaN from Q2 or an attended key must show
+        span_out = tl.where(has_keys, acc / tl.where(has_keys, l, 1.0), 0.0)
         out += tl.sum(tl.where(slots == j, weights, 0.0), axis=0) * span_out
     tl.store(Out_ptr + row * D_HEAD + offs_d, out.to(Out_ptr.dtype.element_ty), mask=d_mask)
 

@@ -19,9 +19,10 @@ def search_spans(
     """Steps 1-3 in one Triton kernel: (qstart, qend [B, Hq, 1, topk], chosen scores [B, Hq, topk], tables)."""
     from .search_kernel import stripe_search  # imports Triton on first use only
 
+    settings = settings.for_keys(k.shape[2])
     tables = decode_tables(k.shape[2], settings, q1.device)
     qstart, qend, scores = stripe_search(
-        q1, k, tables.offsets, cache_position, attention_mask, tables.back, tables.forward, settings.window,
-        settings.topk,
+        q1, k, tables.offsets, cache_position, attention_mask, tables.back, tables.forward,
+        settings.window_for(k.shape[2]), settings.topk,
     )
     return qstart, qend, scores, tables

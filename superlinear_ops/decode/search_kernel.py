@@ -1,7 +1,8 @@
 """Staged-decode stripe search in one Triton program per (batch, query head).
 
 It scores every stripe key against the search query (fp32, unscaled; invalid stripes -inf), keeps
-the top ``TOPK`` (lowest stripe index first among ties; missing slots score -inf with anchor -1),
+the top ``TOPK`` (lowest stripe index first among ties; missing slots score -inf with anchor -1; a
+NaN score counts as +inf, so it is chosen and the gate's softmax turns the output NaN),
 and turns each anchor into its span [qstart, qend] with the exact span-length tables
 (SPEC section 3, steps 1-3): one launch in place of a chain of small PyTorch ops.
 """
@@ -47,6 +48,7 @@ def stripe_search_kernel(
             mask=valid[:, None] & d_mask[None, :], other=0.0,
         ).to(tl.float32)
         scores = tl.where(valid, tl.sum(keys * q[None, :], axis=1), float("-inf"))
+        scores = tl.where(scores != scores, float("inf"), scores)  # a NaN score wins and makes the gate NaN
         tl.store(scratch_ptr + row * S_POW2 + idx, scores, mask=in_table)
     tl.debug_barrier()
 

@@ -25,6 +25,7 @@ def split_window_decode(
 
     qstart, qend, scores, tables = search_spans(q1, k, cache_position, attention_mask, settings)
     return split_decode_attention(
-        q2, k, v, qstart, qend, cache_position[-1:], attention_mask, settings.window, scores, tables.longest_span,
+        q2, k, v, qstart, qend, cache_position[-1:], attention_mask, settings.window_for(k.shape[2]), scores,
+        tables.longest_span,
         block_k=config.block_k, num_warps=config.num_warps, num_stages=config.num_stages,
     )

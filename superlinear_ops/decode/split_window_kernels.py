@@ -36,7 +36,9 @@ def segment_partials_kernel(
     head = segment_head // (K_SPANS + 1)
     row = batch * H_Q + head
     pos = tl.minimum(tl.load(cache_pos_ptr), L_KV - 1).to(tl.int32)
-    span_lo, span_hi = span_bounds(qstart_ptr, qend_ptr, row * K_SPANS + tl.minimum(segment, K_SPANS - 1), L_KV)
+    span_lo, span_hi = span_bounds(
+        qstart_ptr, qend_ptr, row * K_SPANS + tl.minimum(segment, K_SPANS - 1), L_KV, pos, WINDOW
+    )
     window_lo, window_hi = window_bounds(pos, WINDOW)
     is_window = segment == K_SPANS
     lo = tl.where(is_window, window_lo, span_lo) + chunk * CHUNK
@@ -107,7 +109,8 @@ def merge_kernel(
     for j in tl.static_range(K_SPANS):
         acc, m, l = _merge_segment(window_acc, window_m, window_l, Acc_ptr, M_ptr, L_ptr, base + j * N_CHUNKS,
                                    N_CHUNKS, offs_d, d_mask, D_HEAD)
-        span_out = tl.where(l > 0.0, acc / tl.where(l > 0.0, l, 1.0), 0.0)
+        has_keys = (l > 0.0) | (l != l)  # NaN from Q2 or an attended key must show
+        span_out = tl.where(has_keys, acc / tl.where(has_keys, l, 1.0), 0.0)
         weight = tl.where(any_chosen, tl.exp(tl.load(score_ptr + row * K_SPANS + j) - top), 1.0) / total
         out += weight * span_out
     tl.store(Out_ptr + row * D_HEAD + offs_d, out.to(Out_ptr.dtype.element_ty), mask=d_mask)

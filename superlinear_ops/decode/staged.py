@@ -25,13 +25,15 @@ def staged_decode(
     span_forward: SpanForward,
 ) -> torch.Tensor:
     """Decode output [B, Hq, 1, D] for validated inputs; ``span_forward`` runs step 4."""
+    settings = settings.for_keys(k.shape[2])
     sw_index, topk, params = settings.sw_index, settings.topk, settings.params
     backward_factor, forward_factor, span_power = settings.backward_factor, settings.forward_factor, settings.span_power
     batch, hq, _, dim = q1.shape
     hkv, lkv = k.shape[1], k.shape[2]
     rep = hq // hkv
     device = q1.device
-    window = settings.window
+    window = settings.window_for(lkv)
+    cdt = torch.float64 if q1.dtype == torch.float64 else torch.float32
 
     decode_position = cache_position[-1:].to(torch.int64)
     pos = decode_position.clamp(max=lkv - 1)  # [1]
@@ -47,9 +49,10 @@ def staged_decode(
         valid = valid & (attention_mask[:, safe_loc] != 0)
 
     # 2. Search scores (fp32, unscaled) and top-k.
-    stripe_keys = k.index_select(2, safe_loc).float()  # [B, Hkv, S', D]
-    scores = torch.einsum("bgrd,bgsd->bgrs", q1.float().view(batch, hkv, rep, dim), stripe_keys)
-    scores = scores.reshape(batch, hq, -1).masked_fill(~valid[:, None, :], float("-inf"))
+    stripe_keys = k.index_select(2, safe_loc).to(cdt)  # [B, Hkv, S', D]
+    scores = torch.einsum("bgrd,bgsd->bgrs", q1.to(cdt).view(batch, hkv, rep, dim), stripe_keys)
+    scores = scores.reshape(batch, hq, offsets.numel()).masked_fill(~valid[:, None, :], float("-inf"))
+    scores = scores.nan_to_num(nan=float("inf"), posinf=float("inf"), neginf=float("-inf"))  # NaN wins, gate NaN
     found = min(topk, scores.shape[-1])
     top_scores, top_index = torch.topk(scores, found, dim=-1)
     if found < topk:
@@ -67,7 +70,7 @@ def staged_decode(
     )
 
     # 4. Span outputs, window included in each.
-    geo = LaunchGeometry.prepare(q2, k, v, qstart[:, :, None, :], qend, decode_position, attention_mask, window)
+    geo = LaunchGeometry.prepare(q2, k, v, qstart[:, :, None, :], qend, pos, attention_mask, window)
     span_out, _ = span_forward(geo)  # [B, Hq, 1, topk, D]
 
     # 5. Gate: softmax over the chosen spans' scores; uniform when no span was chosen.

@@ -27,10 +27,11 @@ def decode_tables(key_length: int, settings: DecodeSettings, device: torch.devic
     forward = None
     if settings.forward_factor > 0:
         forward = geometry.span_length_table(settings.forward_factor, settings.span_power, key_length, device)
-    longest = (
+    longest = min(
         geometry.ceil_scaled_power(settings.backward_factor, key_length, settings.span_power)
         + geometry.ceil_scaled_power(settings.forward_factor, key_length, settings.span_power)
-        + 1
+        + 1,
+        key_length,
     )
     offsets = geometry.stripe_offsets_tensor(key_length, settings.sw_index, settings.params, device)
     return DecodeTables(offsets, back, forward, longest)

@@ -14,10 +14,12 @@ LOG2E = 1.4426950408889634
 
 
 @triton.jit
-def span_bounds(qstart_ptr, qend_ptr, slot, L_KV):
-    """[lo, hi] of the span in ``slot`` clipped to the keys; hi < lo when the span is absent."""
+def span_bounds(qstart_ptr, qend_ptr, slot, L_KV, pos, WINDOW):
+    """[lo, hi] of the span in ``slot`` clipped to the keys and, when WINDOW > 0, to end before the
+    window of the query at ``pos`` (as ``span_tiles.clamped_span_bounds``); hi < lo when absent."""
     lo = tl.maximum(tl.load(qstart_ptr + slot).to(tl.int32), 0)
     hi = tl.minimum(tl.load(qend_ptr + slot).to(tl.int32), L_KV - 1)
+    hi = tl.where(WINDOW > 0, tl.minimum(hi, pos - WINDOW), hi)
     return lo, hi
 
 

@@ -87,7 +87,7 @@ def span_backward_kernel(
 
     dq = tl.zeros((BLOCK_D,), dtype=tl.float32)
     for j in tl.static_range(SPANS_PER_PROGRAM):
-        lo, hi = span_bounds(qstart_ptr, qend_ptr, first_slot + j, L_KV)
+        lo, hi = span_bounds(qstart_ptr, qend_ptr, first_slot + j, L_KV, pos, WINDOW)
         dq = _backward_segment(
             dq, q, K_ptr, V_ptr, kv_base, stride_kl, mask_ptr, mask_base, lo, hi,
             dO_ptr, Lse_ptr, Delta_ptr, first_slot + j, dK_ptr, dV_ptr, dkv_base,

@@ -68,7 +68,7 @@ def span_forward_kernel(
     acc = tl.zeros((BLOCK_D,), dtype=tl.float32)
     m = tl.full((), float("-inf"), tl.float32)
     l = tl.zeros((), dtype=tl.float32)
-    lo, hi = span_bounds(qstart_ptr, qend_ptr, slot, L_KV)
+    lo, hi = span_bounds(qstart_ptr, qend_ptr, slot, L_KV, pos, WINDOW)
     acc, m, l = _online_softmax_segment(
         acc, m, l, q, K_ptr, V_ptr, kv_base, stride_kl, mask_ptr, mask_base,
         lo, hi, offs_d, d_mask, qk_scale, BLOCK_K, HAS_MASK,
@@ -78,7 +78,7 @@ def span_forward_kernel(
         acc, m, l, q, K_ptr, V_ptr, kv_base, stride_kl, mask_ptr, mask_base,
         lo, hi, offs_d, d_mask, qk_scale, BLOCK_K, HAS_MASK,
     )
-    has_keys = l > 0.0
+    has_keys = (l > 0.0) | (l != l)  # a NaN (from Q or an attended key) must show, as in dense attention
     out = tl.where(has_keys, acc / tl.where(has_keys, l, 1.0), 0.0)
     tl.store(Out_ptr + slot * D_HEAD + offs_d, out.to(Out_ptr.dtype.element_ty), mask=d_mask)
     lse = tl.where(has_keys, m + tl.log2(tl.where(has_keys, l, 1.0)), float("inf"))

@@ -24,6 +24,7 @@ from .runner import CandidateFailed, ProblemBench
 log = logging.getLogger(__name__)
 SAMPLERS = ("tpe", "random", "exhaustive")
 FINISHED = (TrialState.COMPLETE, TrialState.PRUNED, TrialState.FAIL)
+INTERRUPTED = "interrupted"  # user attribute of a trial stopped by Ctrl-C: no result, measured again
 
 
 @dataclass(frozen=True)
@@ -121,7 +122,7 @@ def finished_trials(study: optuna.Study) -> list[optuna.trial.FrozenTrial]:
 
 def _same_params(study: optuna.Study, params: dict, number: int) -> optuna.trial.FrozenTrial | None:
     for trial in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE, TrialState.FAIL, TrialState.PRUNED)):
-        if trial.number != number and trial.params == params and "duplicate_of" not in trial.user_attrs:
+        if trial.number != number and trial.params == params and not {"duplicate_of", INTERRUPTED} & set(trial.user_attrs):
             return trial
     return None
 
@@ -137,7 +138,10 @@ def run_search(
     variants = {v.name: v for v in tunable_variants(problem)}
     if not variants:
         return
-    study.enqueue_trial(params_of(bench.default_variant, bench.default_config), skip_if_exists=True)
+    default = params_of(bench.default_variant, bench.default_config)
+    if not any(t.system_attrs.get("fixed_params", t.params) == default and INTERRUPTED not in t.user_attrs
+               for t in study.get_trials(deepcopy=False)):
+        study.enqueue_trial(default)
 
     def objective(trial: optuna.Trial) -> float:
         name = trial.suggest_categorical("variant", list(variants))
@@ -158,6 +162,9 @@ def run_search(
             milliseconds = bench.time_ms(variant, config)
         except CandidateFailed as err:
             trial.set_user_attr("failure", str(err))
+            raise
+        except KeyboardInterrupt:
+            trial.set_user_attr(INTERRUPTED, True)  # Optuna records it FAIL: this marks it as no result
             raise
         trial.set_user_attr("max_error", error)
         return milliseconds

@@ -3,23 +3,33 @@
 Studies live in an Optuna storage (``--storage``: a database URL, a SQLite file, or a journal
 file ending in .log/.journal), so an interrupted run resumes where it stopped and several workers
 (``--workers N`` locally, one per GPU, or ``tune`` on several machines) share the work. Studies are
-created once before workers start, which avoids Optuna's schema-creation race.
+created once before workers start; first-time storage creation is serialised (a lock file beside a
+SQLite file, retries for database URLs), so runs started at once never race on Optuna's schema.
+
+Ctrl-C stops a run cleanly: the trial it interrupts is marked ``interrupted`` (no result; it runs
+again on resume), the winners found so far are stored, and a one-line message replaces the
+traceback (exit status 130).
 """
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import logging
 import math
 import os
 import pathlib
 import subprocess
 import sys
+import time
+import warnings
 from dataclasses import dataclass
 
 import optuna
 import platformdirs
 import torch
 from optuna.trial import TrialState
+from sqlalchemy.exc import IntegrityError, OperationalError, ProgrammingError
 from tqdm import tqdm
 
 from ..buckets import key_of
@@ -30,7 +40,16 @@ from ..kernels.launch import KernelConfig
 from ..problem import device_identity
 from ..registry import REGISTRY
 from .runner import ProblemBench
-from .search import SearchSettings, candidate_of, finished_trials, open_study, params_of, run_search, tunable_variants
+from .search import (
+    INTERRUPTED,
+    SearchSettings,
+    candidate_of,
+    finished_trials,
+    open_study,
+    params_of,
+    run_search,
+    tunable_variants,
+)
 from .workload import Case, load
 
 log = logging.getLogger(__name__)
@@ -43,14 +62,102 @@ def default_storage() -> str:
     return f"sqlite:///{path}"
 
 
+CUBLAS_CONTEXT_WARNING = "Attempting to run cuBLAS, but there was no current CUDA context"
+SCHEMA_RACE_RETRIES = 8
+
+
+@contextlib.contextmanager
+def _file_lock(path: pathlib.Path):
+    """An exclusive ``flock`` on ``path`` (created if missing) for the duration of the block."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "a") as handle:
+        fcntl.flock(handle.fileno(), fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(handle.fileno(), fcntl.LOCK_UN)
+
+
+def _sqlite_file(url: str) -> pathlib.Path | None:
+    """The database file of a ``sqlite:///`` URL (None for other URLs and in-memory databases)."""
+    prefix = "sqlite:///"
+    if not url.startswith(prefix) or url[len(prefix):] in ("", ":memory:"):
+        return None
+    return pathlib.Path(url[len(prefix):].split("?", 1)[0])
+
+
+def _rdb_storage(url: str):
+    """An RDBStorage whose first-time schema creation never races another process: a lock file
+    beside a SQLite file serialises it; other databases retry Optuna's creation-race errors."""
+    engine_kwargs = {"connect_args": {"timeout": 60}} if url.startswith("sqlite") else {}
+    sqlite_file = _sqlite_file(url)
+    if sqlite_file is not None:
+        with _file_lock(sqlite_file.with_name(sqlite_file.name + ".lock")):
+            return optuna.storages.RDBStorage(url, engine_kwargs=engine_kwargs)
+    for attempt in range(SCHEMA_RACE_RETRIES):
+        try:
+            return optuna.storages.RDBStorage(url, engine_kwargs=engine_kwargs)
+        except (IntegrityError, OperationalError, ProgrammingError) as err:  # alembic_version created twice
+            if attempt == SCHEMA_RACE_RETRIES - 1:
+                raise
+            log.debug("storage %s: schema creation raced (%s); retrying", url, err)
+            time.sleep(0.2 * (attempt + 1))
+    raise AssertionError("unreachable")
+
+
 def open_storage(location: str | None):
     """An Optuna storage for a URL, a SQLite file or a journal file (.log / .journal)."""
     location = location or default_storage()
     if "://" in location:
-        return optuna.storages.RDBStorage(location, engine_kwargs={"connect_args": {"timeout": 60}} if location.startswith("sqlite") else {})
+        return _rdb_storage(location)
     if location.endswith((".log", ".journal")):
         return optuna.storages.JournalStorage(optuna.storages.journal.JournalFileBackend(location))
-    return optuna.storages.RDBStorage(f"sqlite:///{pathlib.Path(location).resolve()}", engine_kwargs={"connect_args": {"timeout": 60}})
+    return _rdb_storage(f"sqlite:///{pathlib.Path(location).resolve()}")
+
+
+@contextlib.contextmanager
+def _on_device(device: torch.device):
+    """Make ``device`` current for this process's threads and silence PyTorch's benign warning that
+    a helper thread (autograd's, for the timed backward) had no current CUDA context yet."""
+    if device.type == "cuda":
+        torch.cuda.set_device(device)
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message=CUBLAS_CONTEXT_WARNING)
+        yield
+
+
+class _InterruptRecords(logging.Filter):
+    """Drops Optuna's report (a warning with a traceback, then "failed with value None") of a trial
+    that Ctrl-C stopped: ``tune`` prints its own one-line message instead."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.trials: set[str] = set()
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        message = record.getMessage()
+        number = message.split()[1] if message.startswith("Trial ") else None
+        if record.exc_info and issubclass(record.exc_info[0], KeyboardInterrupt):
+            self.trials.add(number)
+            return False
+        return not (number in self.trials and "failed with value" in message)
+
+
+@contextlib.contextmanager
+def _quiet_interrupts():
+    """``_InterruptRecords`` on Optuna's trial logger for the duration of the block."""
+    logger, records = logging.getLogger("optuna.study._optimize"), _InterruptRecords()
+    logger.addFilter(records)
+    try:
+        yield
+    finally:
+        logger.removeFilter(records)
+
+
+def _interrupted(what: str) -> SystemExit:
+    """The one-line report of a Ctrl-C, as the exit of the command (status 130)."""
+    print(f"superlinear-ops tune: interrupted; {what}. Run the same command again to resume.", file=sys.stderr)
+    return SystemExit(130)
 
 
 @dataclass(frozen=True)
@@ -96,10 +203,12 @@ class Winner:
 
 
 def summarise(case: Case, study: optuna.Study) -> tuple[Result, Winner | None]:
-    """The study's outcome: a result row, and the winner to store (None when nothing completed)."""
+    """The study's outcome: a result row, and the winner to store (None when nothing completed, or
+    when the default is not measured yet: an interrupted run stores no winner without its baseline;
+    a default that failed its check gives default_ms = inf)."""
     trials = finished_trials(study)
     complete = [t for t in trials if t.state == TrialState.COMPLETE]
-    failed = sum(t.state == TrialState.FAIL for t in trials)
+    failed = sum(t.state == TrialState.FAIL and INTERRUPTED not in t.user_attrs for t in trials)
     pruned = sum(t.state == TrialState.PRUNED for t in trials)
     key_text = key_of(case.problem).text()
     if not complete:
@@ -107,8 +216,12 @@ def summarise(case: Case, study: optuna.Study) -> tuple[Result, Winner | None]:
     default_variant = REGISTRY.fallback(case.problem)
     default_params = params_of(default_variant, default_variant.default(case.problem))
     default = next((t for t in complete if t.params == default_params), None)
+    default_failed = any(t.state == TrialState.FAIL and "failure" in t.user_attrs and t.params == default_params
+                         for t in trials)
     best = min(complete, key=lambda t: t.value)
     name, config = candidate_of(best.params)
+    if default is None and not default_failed:
+        return Result(case.label, key_text, math.nan, best.value, name, config.text(), len(trials), failed, pruned), None
     winner = Winner(name, config, best.value, default.value if default is not None else math.inf,
                     float(best.user_attrs.get("max_error", math.nan)))
     return Result(case.label, key_text, winner.default_ms, winner.median_ms, name, config.text(), len(trials), failed, pruned), winner
@@ -125,7 +238,10 @@ def tune(
     progress: bool = True,
     only: str | None = None,
 ) -> list[Result]:
-    """Tune every problem of the workload (or those whose label matches ``only``); one result per key."""
+    """Tune every problem of the workload (or those whose label matches ``only``); one result per key.
+
+    On Ctrl-C it stores the winners found so far and raises ``SystemExit(130)`` after a one-line message.
+    """
     workload = load(workload_path)
     identity = device_identity(device)
     cases = [c for c in unique_cases(workload.cases(identity, only)) if tunable_variants(c.problem)]
@@ -134,24 +250,38 @@ def tune(
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     study_storage = open_storage(storage)
     studies = [open_study(study_storage, key_of(c.problem), settings) for c in cases]  # created once, before workers
-    if workers > 1:
-        _run_workers(workers, workload_path, settings, storage or default_storage(), only)
-    else:
-        total = sum((settings.trials or 0) for _ in cases) or None
-        bar = tqdm(total=total, desc=f"tuning {workload.name}", unit="trial", disable=not progress)
-        for case, study in zip(cases, studies):
-            bar.set_postfix_str(case.label)
-            bench = ProblemBench(case, device, seed=settings.seed)
-            bar.update(len(finished_trials(study)))
-            run_search(study, bench, settings, on_trial=lambda _t: bar.update(1))
-        bar.close()
+    interrupted = False
+    try:
+        if workers > 1:
+            _run_workers(workers, workload_path, settings, storage or default_storage(), only)
+        else:
+            total = sum((settings.trials or 0) for _ in cases) or None
+            with tqdm(total=total, desc=f"tuning {workload.name}", unit="trial", disable=not progress) as bar, \
+                    _on_device(device), _quiet_interrupts():
+                for case, study in zip(cases, studies):
+                    bar.set_postfix_str(case.label)
+                    bench = ProblemBench(case, device, seed=settings.seed)
+                    bar.update(len(finished_trials(study)))
+                    run_search(study, bench, settings, on_trial=lambda _t: bar.update(1))
+    except KeyboardInterrupt:
+        interrupted = True
+    results = _store_winners(cases, studies, settings, cache, identity)
+    if interrupted:
+        raise _interrupted(f"stored the winners of {sum(r.variant != '-' for r in results)} of {len(results)} problems")
+    return results
+
+
+def _store_winners(cases: list[Case], studies: list[optuna.Study], settings: SearchSettings, cache: str | None,
+                   identity) -> list[Result]:
+    """Summarise every study and store each winner with its provenance; one result per case."""
     results = []
     with Store.writer(cache) as store:
         for case, study in zip(cases, studies):
             result, winner = summarise(case, study)
             results.append(result)
             if winner is None:
-                log.warning("%s: no candidate completed; nothing stored", case.label)
+                why = "no candidate completed" if result.variant == "-" else "the default is not measured yet"
+                log.warning("%s: %s; nothing stored", case.label, why)
                 continue
             store.put(TunedEntry(
                 key=key_of(case.problem), variant=winner.variant, config=winner.config, median_ms=winner.median_ms,
@@ -182,19 +312,29 @@ def _run_workers(workers: int, workload_path: str, settings: SearchSettings, sto
         if only is not None:
             command += ["--problems", only]
         processes.append(subprocess.Popen(command, env=env))
-    failures = [p.args for p in processes if p.wait() != 0]
+    try:
+        failures = [p.args for p in processes if p.wait() != 0]
+    except KeyboardInterrupt:  # the workers got the same Ctrl-C: let them mark their trials and exit
+        for p in processes:
+            p.wait()
+        raise
     if failures:
         raise RuntimeError(f"{len(failures)} tune worker(s) failed")
 
 
 def work(workload_path: str, *, settings: SearchSettings, storage: str, device: torch.device,
          only: str | None = None) -> None:
-    """A worker: run trials on every study of the workload (studies must exist)."""
+    """A worker: run trials on every study of the workload (studies must exist); on Ctrl-C it marks
+    the running trial interrupted and raises ``SystemExit(130)`` after a one-line message."""
     workload = load(workload_path)
     identity = device_identity(device)
     study_storage = open_storage(storage)
-    for case in unique_cases(workload.cases(identity, only)):
-        if not tunable_variants(case.problem):
-            continue
-        study = open_study(study_storage, key_of(case.problem), settings)
-        run_search(study, ProblemBench(case, device, seed=settings.seed), settings)
+    try:
+        with _on_device(device), _quiet_interrupts():
+            for case in unique_cases(workload.cases(identity, only)):
+                if not tunable_variants(case.problem):
+                    continue
+                study = open_study(study_storage, key_of(case.problem), settings)
+                run_search(study, ProblemBench(case, device, seed=settings.seed), settings)
+    except KeyboardInterrupt:
+        raise _interrupted("this worker stopped") from None

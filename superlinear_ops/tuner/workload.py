@@ -5,6 +5,7 @@ A bad file raises ``WorkloadError`` naming the file, the field and its line.
 
 from __future__ import annotations
 
+import math
 import os
 import pathlib
 import re
@@ -17,6 +18,10 @@ from ..problem import SPAN_BACKWARD, SPAN_FORWARD, STAGED_DECODE, DeviceIdentity
 
 DTYPES = ("float16", "bfloat16", "float32")
 KINDS = {"decode": ("context", "cache"), "prefill": ("chunk", "prefix"), "training": ("tokens",)}
+TOP_FIELDS = ("name", "model", "span", "problems")
+MODEL_FIELDS = ("batch", "q_heads", "kv_heads", "head_dim", "dtype")
+SPAN_FIELDS = ("sw_index", "topk", "span_power", "backward_factor", "forward_factor", "search_power",
+               "inv_search_power_int")
 
 
 class WorkloadError(ValueError):
@@ -24,13 +29,32 @@ class WorkloadError(ValueError):
 
 
 class _LineLoader(yaml.SafeLoader):
-    """Records the line of every mapping so errors can point at it."""
+    """Records the line of every mapping and of each of its keys so errors can point at them."""
 
 
 def _construct_mapping(loader: _LineLoader, node: yaml.MappingNode) -> dict:
     mapping = yaml.SafeLoader.construct_mapping(loader, node, deep=True)
+    mapping["__lines__"] = {
+        loader.construct_object(key): key.start_mark.line + 1 for key, _ in node.value if isinstance(key, yaml.ScalarNode)
+    }
     mapping["__line__"] = node.start_mark.line + 1
     return mapping
+
+
+def _line(section: dict, name: str | None = None) -> int | None:
+    """The line of field ``name`` of ``section`` (of the section itself without a name)."""
+    return section.get("__lines__", {}).get(name) or section.get("__line__")
+
+
+def _strip(section: dict) -> dict:
+    return {k: v for k, v in section.items() if k not in ("__line__", "__lines__")}
+
+
+def _known_fields(path, section: dict, where: str, allowed: tuple[str, ...]) -> None:
+    """Reject a field of ``section`` that is not in ``allowed``, naming it and its line."""
+    for name in _strip(section):
+        if name not in allowed:
+            raise _fail(path, _line(section, name), f"{where}: unknown field {name!r}; allowed: {list(allowed)}")
 
 
 _LineLoader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, _construct_mapping)
@@ -102,15 +126,16 @@ def _fail(path: str, line: int | None, message: str) -> WorkloadError:
 def _int(path, section: dict, name: str, minimum: int = 1) -> int:
     value = section.get(name)
     if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
-        raise _fail(path, section.get("__line__"), f"'{name}' must be an integer >= {minimum}, got {value!r}")
+        raise _fail(path, _line(section, name), f"'{name}' must be an integer >= {minimum}, got {value!r}")
     return value
 
 
 def _number(path, section: dict, name: str, low: float, high: float | None = None) -> float:
     value = section.get(name)
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or value < low or (high is not None and value >= high):
+    bad = isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value)
+    if bad or value < low or (high is not None and value >= high):
         bound = f"in [{low}, {high})" if high is not None else f">= {low}"
-        raise _fail(path, section.get("__line__"), f"'{name}' must be a number {bound}, got {value!r}")
+        raise _fail(path, _line(section, name), f"'{name}' must be a finite number {bound}, got {value!r}")
     return float(value)
 
 
@@ -132,19 +157,22 @@ def load(path: str | os.PathLike) -> Workload:
         raise WorkloadError(f"{path}: cannot read: {err}") from err
     if not isinstance(document, dict):
         raise _fail(path, 1, "the file must be a mapping with 'name', 'model', 'span' and 'problems'")
+    _known_fields(path, document, "workload", TOP_FIELDS)
     name = document.get("name")
     if not isinstance(name, str) or not name:
-        raise _fail(path, document.get("__line__"), "'name' must be a non-empty string")
+        raise _fail(path, _line(document, "name"), "'name' must be a non-empty string")
     model = _section(path, document, "model")
+    _known_fields(path, model, "model", MODEL_FIELDS)
     for field in ("batch", "q_heads", "kv_heads", "head_dim"):
         _int(path, model, field)
     if model["q_heads"] % model["kv_heads"]:
-        raise _fail(path, model["__line__"], "'q_heads' must be a multiple of 'kv_heads'")
+        raise _fail(path, _line(model, "q_heads"), "'q_heads' must be a multiple of 'kv_heads'")
     if model["head_dim"] > 256:
-        raise _fail(path, model["__line__"], "'head_dim' must be <= 256")
+        raise _fail(path, _line(model, "head_dim"), "'head_dim' must be <= 256")
     if model.get("dtype") not in DTYPES:
-        raise _fail(path, model["__line__"], f"'dtype' must be one of {DTYPES}, got {model.get('dtype')!r}")
+        raise _fail(path, _line(model, "dtype"), f"'dtype' must be one of {DTYPES}, got {model.get('dtype')!r}")
     span = _section(path, document, "span")
+    _known_fields(path, span, "span", SPAN_FIELDS)
     _int(path, span, "sw_index", minimum=0)
     _int(path, span, "topk")
     _number(path, span, "span_power", 1e-9, 1.0)
@@ -153,26 +181,24 @@ def load(path: str | os.PathLike) -> Workload:
     try:
         geometry.power_params(search_power=span.get("search_power"), inv_search_power_int=span.get("inv_search_power_int"))
     except (TypeError, ValueError) as err:
-        raise _fail(path, span["__line__"], str(err)) from err
+        field = "search_power" if "search_power" in span else "inv_search_power_int"
+        raise _fail(path, _line(span, field), str(err)) from err
     problems = document.get("problems")
     if not isinstance(problems, list) or not problems:
-        raise _fail(path, document.get("__line__"), "'problems' must be a non-empty list")
+        raise _fail(path, _line(document, "problems"), "'problems' must be a non-empty list")
     entries = []
     for item in problems:
         line = item.get("__line__") if isinstance(item, dict) else None
-        kinds = [k for k in (item if isinstance(item, dict) else {}) if k != "__line__"]
+        kinds = list(_strip(item)) if isinstance(item, dict) else []
         if len(kinds) != 1 or kinds[0] not in KINDS or not isinstance(item[kinds[0]], dict):
             raise _fail(path, line, f"each problem must be one of {sorted(KINDS)} with a mapping of sizes, got {item!r}")
         kind, sizes = kinds[0], item[kinds[0]]
         allowed = KINDS[kind]
-        unknown = [k for k in sizes if k not in allowed and k != "__line__"]
-        if unknown:
-            raise _fail(path, sizes["__line__"], f"{kind}: unknown field(s) {unknown}; allowed: {list(allowed)}")
+        _known_fields(path, sizes, kind, allowed)
         for field in allowed:
             if field in sizes or field != "cache":
                 _int(path, sizes, field)
         if kind == "decode" and sizes.get("cache") and sizes["cache"] < sizes["context"]:
-            raise _fail(path, sizes["__line__"], "decode: 'cache' must be >= 'context'")
-        entries.append({"kind": kind, "sizes": {k: v for k, v in sizes.items() if k != "__line__"}})
-    strip = lambda d: {k: v for k, v in d.items() if k != "__line__"}  # noqa: E731
-    return Workload(name, path, strip(model), strip(span), tuple(entries))
+            raise _fail(path, _line(sizes, "cache"), "decode: 'cache' must be >= 'context'")
+        entries.append({"kind": kind, "sizes": _strip(sizes)})
+    return Workload(name, path, _strip(model), _strip(span), tuple(entries))
