@@ -15,7 +15,6 @@ from superlinear_ops import (
 )
 from superlinear_ops.decode import DecodeSettings
 from superlinear_ops.decode.tables import decode_tables
-from superlinear_ops.kernels.launch import KernelConfig
 from superlinear_ops.problem import STAGED_DECODE, Problem
 from superlinear_ops.reference import decode_reference
 from superlinear_ops.registry import REGISTRY
@@ -143,7 +142,7 @@ def test_oversized_decode_settings_are_clamped_exactly(settings) -> None:
     problem = Problem.for_decode(q2, k, settings["topk"], False, settings["sw_index"], INT2.label, factors)
     for variant in REGISTRY.variants(STAGED_DECODE):
         if not variant.not_supported_reasons(problem):
-            got = variant.launch(q1, q2, k, v, cp, None, decode, KernelConfig(block_k=16, num_warps=1, num_stages=1))
+            got = variant.launch(q1, q2, k, v, cp, None, decode, variant.default(problem))
             torch.testing.assert_close(got, expected, rtol=1e-4, atol=1e-5, msg=variant.qualified_name)
 
 
