@@ -52,10 +52,21 @@ def warmup_problem(problem: Problem, device: torch.device) -> None:
 
 
 def warmup(problems: Iterable[Problem], device: torch.device | str | None = None) -> int:
-    """Compile the dispatcher's choice for each problem ahead of time; returns how many ran."""
+    """Compile the dispatcher's choice for each problem ahead of time; returns how many ran.
+
+    Every problem is checked first (ValueError/TypeError naming the bad field), and a CUDA device
+    must be available when one is asked for.
+    """
     if device is None:
         device = "cuda" if torch.cuda.is_available() else "cpu"
     device = torch.device(device)
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise ValueError(f"device {device} was asked for but PyTorch sees no GPU; pass device='cpu'")
+    problems = list(problems)
+    for problem in problems:
+        if not isinstance(problem, Problem):
+            raise TypeError(f"problems must hold superlinear_ops.Problem values, got {problem!r}")
+        problem.check()
     count = 0
     for problem in problems:
         log.info("warming up %s", problem.op)

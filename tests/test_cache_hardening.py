@@ -9,6 +9,7 @@ import sys
 import warnings
 
 import pytest
+import torch
 import yaml
 from cache_helpers import make_entry
 
@@ -106,3 +107,19 @@ def test_cli_errors_are_one_line_with_exit_status_2(argv, message) -> None:
     assert done.returncode == 2, done.stderr
     errors = [line for line in done.stderr.splitlines() if line.startswith("error:")]
     assert len(errors) == 1 and message in errors[0] and "Traceback" not in done.stderr
+
+
+def test_warmup_checks_its_problems_and_device() -> None:
+    from superlinear_ops import warmup
+    from superlinear_ops.problem import DeviceIdentity, Problem
+
+    good = Problem("span_forward", "float32", 16, 2, 1, 1, 4, 64, 1, False, 2, "int2", DeviceIdentity("cpu", "interpreter", 0))
+    with pytest.raises(ValueError, match="op must be one of"):
+        warmup([good._replace(op="bogus")], device="cpu")
+    with pytest.raises(ValueError, match="dtype must be one of"):
+        warmup([good._replace(dtype="int8")], device="cpu")
+    with pytest.raises(TypeError, match="Problem values"):
+        warmup(["span_forward"], device="cpu")
+    if not torch.cuda.is_available():
+        with pytest.raises(ValueError, match="sees no GPU"):
+            warmup([good], device="cuda")
