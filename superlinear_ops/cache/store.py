@@ -19,8 +19,20 @@ from contextlib import contextmanager
 
 import platformdirs
 from sqlalchemy import (
-    Boolean, Column, Connection, Float, Integer, MetaData, String, Table, Text, create_engine, delete, event,
-    inspect, select,
+    Boolean,
+    Column,
+    Connection,
+    Float,
+    Integer,
+    MetaData,
+    String,
+    Table,
+    Text,
+    create_engine,
+    delete,
+    event,
+    inspect,
+    select,
 )
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.engine import Engine

@@ -30,10 +30,10 @@ from typing import NamedTuple
 import torch
 import triton
 import triton.language as tl
-
 from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
 from ..kernels.common import LOG2E, tc_dot, window_bounds
+from ..kernels.launch import key_value_pair, unit_stride
 
 NO_STRIPE = tl.constexpr(2**31 - 1)  # candidate stripe index that loses every tie
 WINDOW_CHUNK = 64  # keys per window program (one tensor-core step: window programs finish early)
@@ -435,15 +435,12 @@ def grouped_decode_attention(
     hkv, lkv = k.shape[1], k.shape[2]
     device = q1.device
     block_k = max(block_k, MIN_DOT.value)  # a forced smaller block_k still compiles
-    q1 = q1 if q1.stride(-1) == 1 else q1.contiguous()
-    q2 = q2 if q2.stride(-1) == 1 else q2.contiguous()
-    if k.stride(-1) != 1 or v.stride(-1) != 1 or k.stride() != v.stride():
-        k, v = k.contiguous(), v.contiguous()
+    q1, q2 = unit_stride(q1), unit_stride(q2)
+    k, v = key_value_pair(k, v)
     if attention_mask is None:
         mask, mask_stride = k, 0  # never read
     else:
-        mask = attention_mask.view(torch.uint8) if attention_mask.dtype == torch.bool else attention_mask
-        mask = mask if mask.stride(-1) == 1 else mask.contiguous()
+        mask = unit_stride(attention_mask.view(torch.uint8) if attention_mask.dtype == torch.bool else attention_mask)
         mask_stride = mask.stride(0)
     has_forward = forward_table is not None
     first_from_mask = has_forward and attention_mask is not None

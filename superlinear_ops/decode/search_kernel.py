@@ -13,6 +13,7 @@ import torch
 import triton
 import triton.language as tl
 
+from ..kernels.launch import mask_bytes, unit_stride
 
 
 @triton.jit
@@ -91,12 +92,7 @@ def stripe_search(
     """(qstart, qend) [B, Hq, 1, topk] int64 and the chosen scores [B, Hq, topk] fp32."""
     batch, hq, _, dim = q1.shape
     lkv = k.shape[2]
-    q1 = q1 if q1.stride(-1) == 1 else q1.contiguous()
-    k = k if k.stride(-1) == 1 else k.contiguous()
-    if attention_mask is None:
-        mask = torch.zeros(1, dtype=torch.uint8, device=q1.device)
-    else:
-        mask = (attention_mask != 0).to(torch.uint8)
+    q1, k, mask = unit_stride(q1), unit_stride(k), mask_bytes(attention_mask, q1.device)
     has_forward = forward_table is not None
     if has_forward and attention_mask is not None:
         first = (attention_mask[:, :lkv] != 0).to(torch.int8).argmax(dim=1)

@@ -18,6 +18,7 @@ import triton
 import triton.language as tl
 
 from ..kernels.common import LOG2E, span_bounds, window_bounds
+from ..kernels.launch import key_value_pair, mask_bytes, unit_stride
 from ..kernels.span_forward import _online_softmax_segment
 
 
@@ -138,13 +139,8 @@ def split_decode_attention(
     n_spans = qstart.shape[-1]
     chunk = max(chunk, block_k)
     n_chunks = max(triton.cdiv(max(window, longest_span, 1), chunk), 1)
-    q2 = q2 if q2.stride(-1) == 1 else q2.contiguous()
-    if k.stride(-1) != 1 or v.stride(-1) != 1 or k.stride() != v.stride():
-        k, v = k.contiguous(), v.contiguous()
-    if attention_mask is None:
-        mask = torch.zeros(1, dtype=torch.uint8, device=q2.device)
-    else:
-        mask = (attention_mask != 0).to(torch.uint8)
+    q2, mask = unit_stride(q2), mask_bytes(attention_mask, q2.device)
+    k, v = key_value_pair(k, v)
     partial = batch * hq * (n_spans + 1) * n_chunks
     acc = torch.empty(partial * dim, dtype=torch.float32, device=q2.device)
     m = torch.empty(partial, dtype=torch.float32, device=q2.device)

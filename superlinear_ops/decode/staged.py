@@ -14,6 +14,7 @@ from .. import geometry
 from ..kernels.launch import LaunchGeometry
 from .settings import DecodeSettings, SpanForward, gate_and_combine
 
+
 def staged_decode(
     q1: torch.Tensor,
     q2: torch.Tensor,

@@ -69,6 +69,37 @@ def check_block_k(block_k: int) -> int:
     return block_k
 
 
+def check_tile_config(config: Mapping[str, int], names: tuple[str, ...]) -> None:
+    """ValueError unless ``config`` gives each tensor-core tunable in ``names`` a usable value: a
+    positive int, a power of two except for stages, and at least 16 rows or keys per tile (the
+    smallest tensor-core dot)."""
+    for name in names:
+        if name not in config:
+            raise ValueError(f"config lacks {name!r}")
+        value = config[name]
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise ValueError(f"config[{name!r}] must be a positive int, got {value!r}")
+        if not name.endswith("stages") and value & (value - 1):
+            raise ValueError(f"config[{name!r}] must be a power of two, got {value}")
+        if name.endswith(("block_m", "block_n")) and not 16 <= value <= 256:
+            raise ValueError(f"config[{name!r}] must be in [16, 256] (tensor-core dots), got {value}")
+        if name.endswith("warps") and value > 16:
+            raise ValueError(f"config[{name!r}] must be at most 16, got {value}")
+
+
+def forward_outputs(geo: "LaunchGeometry", out: tuple[torch.Tensor, torch.Tensor] | None) -> tuple[torch.Tensor, torch.Tensor]:
+    """``out``, or fresh forward buffers: per-span outputs [B, Hq, Lq, K, D] in Q's dtype and their
+    log2-domain log-sum-exp [B, Hq, Lq, K] in fp32."""
+    if out is not None:
+        return out
+    batch, hq, lq, dim = geo.q.shape
+    n_spans = geo.qstart.shape[-1]
+    return (
+        torch.empty(batch, hq, lq, n_spans, dim, device=geo.q.device, dtype=geo.q.dtype),
+        torch.empty(batch, hq, lq, n_spans, device=geo.q.device, dtype=torch.float32),
+    )
+
+
 def unit_stride(t: torch.Tensor) -> torch.Tensor:
     """``t`` with a unit stride on its last dimension (copied only when it has none)."""
     return t if t.stride(-1) == 1 else t.contiguous()

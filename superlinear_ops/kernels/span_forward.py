@@ -15,7 +15,7 @@ import triton
 import triton.language as tl
 
 from .common import LOG2E, scored_block, span_bounds, window_bounds
-from .launch import KernelConfig, LaunchGeometry
+from .launch import KernelConfig, LaunchGeometry, forward_outputs
 
 
 @triton.jit
@@ -97,12 +97,7 @@ def span_forward(
     q, k = geo.q, geo.k
     batch, hq, lq, dim = q.shape
     n_spans = geo.qstart.shape[-1]
-    if out is None:
-        out = (
-            torch.empty(batch, hq, lq, n_spans, dim, device=q.device, dtype=q.dtype),
-            torch.empty(batch, hq, lq, n_spans, device=q.device, dtype=torch.float32),
-        )
-    out, lse = out
+    out, lse = forward_outputs(geo, out)
     if out.numel() == 0:
         return out, lse
     grid = (lq * n_spans, hq, batch)

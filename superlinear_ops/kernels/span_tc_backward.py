@@ -30,7 +30,7 @@ import triton
 import triton.language as tl
 
 from .common import LOG2E, tc_dot
-from .launch import LaunchGeometry
+from .launch import LaunchGeometry, check_tile_config
 from .span_tiles import span_tile_plan
 from .window_tc_backward import _load_kv, operand, window_backward
 
@@ -140,19 +140,6 @@ def span_tile_backward_kernel(
     tl.atomic_add(dQ_ptr + rows[:, None] * D_HEAD + offs_d[None, :], dq * sm_scale, mask=dq_mask, sem="relaxed")
 
 
-def _check_config(config: Mapping[str, int]) -> None:
-    for name in SPAN_TC_BACKWARD_TUNABLES:
-        if name not in config:
-            raise ValueError(f"config is missing {name!r}")
-        value = config[name]
-        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-            raise ValueError(f"config[{name!r}] must be a positive int, got {value!r}")
-        if not name.endswith("stages") and value & (value - 1):
-            raise ValueError(f"config[{name!r}] must be a power of two, got {value}")
-        if name.endswith(("block_m", "block_n")) and value < 16:
-            raise ValueError(f"config[{name!r}] must be at least 16 (tensor-core dots), got {value}")
-
-
 def span_backward_tc(
     geo: LaunchGeometry,
     config: Mapping[str, int],
@@ -165,7 +152,7 @@ def span_backward_tc(
     ``out``/``grad_out`` [B, Hq, Lq, K, D], ``lse2`` [B, Hq, Lq, K] fp32 (log2 domain, +inf where a
     span attends no key). ``config`` holds SPAN_TC_BACKWARD_TUNABLES (SPAN_TC_BACKWARD_DEFAULTS).
     """
-    _check_config(config)
+    check_tile_config(config, SPAN_TC_BACKWARD_TUNABLES)
     q, k, v = geo.q, geo.k, geo.v
     batch, hq, lq, dim = q.shape
     hkv, lkv = k.shape[1], k.shape[2]

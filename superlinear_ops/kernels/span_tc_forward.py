@@ -25,7 +25,7 @@ import triton
 import triton.language as tl
 
 from .common import LOG2E
-from .launch import LaunchGeometry
+from .launch import LaunchGeometry, check_tile_config, forward_outputs
 from .span_tiles import span_tile_plan
 from .window_attention import attend_rows, block_d, upcast_dots, window_attention
 
@@ -105,24 +105,6 @@ def span_tile_kernel(
     tl.store(Lse_ptr + out_rows, tl.where(has_keys, m + tl.log2(l_safe), float("inf")), mask=row_ok)
 
 
-def check_config(config: Mapping[str, int]) -> None:
-    """Raise ValueError unless ``config`` gives every tunable a valid value."""
-    for name in TC_FORWARD_TUNABLES:
-        if name not in config:
-            raise ValueError(f"config lacks {name!r}")
-        value = config[name]
-        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-            raise ValueError(f"config[{name!r}] must be a positive int, got {value!r}")
-        if not name.endswith("_stages") and value & (value - 1):
-            raise ValueError(f"config[{name!r}] must be a power of two, got {value}")
-    for name in ("window_block_m", "window_block_n", "span_block_m", "span_block_n"):
-        if not 16 <= config[name] <= 256:
-            raise ValueError(f"config[{name!r}] must be in [16, 256], got {config[name]}")
-    for name in ("window_warps", "span_warps"):
-        if config[name] > 16:
-            raise ValueError(f"config[{name!r}] must be at most 16, got {config[name]}")
-
-
 def span_forward_tc(
     geo: LaunchGeometry,
     config: Mapping[str, int],
@@ -134,16 +116,11 @@ def span_forward_tc(
     ``config`` maps the names in ``TC_FORWARD_TUNABLES`` to ints (``TC_FORWARD_DEFAULTS`` for sm_90).
     ``out`` may give both buffers (contiguous, those shapes and dtypes) to write into.
     """
-    check_config(config)
+    check_tile_config(config, TC_FORWARD_TUNABLES)
     q, k = geo.q, geo.k
     batch, hq, lq, dim = q.shape
     n_spans = geo.qstart.shape[-1]
-    if out is None:
-        out = (
-            torch.empty(batch, hq, lq, n_spans, dim, device=q.device, dtype=q.dtype),
-            torch.empty(batch, hq, lq, n_spans, device=q.device, dtype=torch.float32),
-        )
-    out, lse = out
+    out, lse = forward_outputs(geo, out)
     if out.numel() == 0:
         return out, lse
     if geo.window > 0:
