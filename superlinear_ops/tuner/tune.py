@@ -120,7 +120,7 @@ def _on_device(device: torch.device):
     """Make ``device`` current for this process's threads and silence PyTorch's benign warning that
     a helper thread (autograd's, for the timed backward) had no current CUDA context yet."""
     if device.type == "cuda":
-        torch.cuda.set_device(device)
+        torch.cuda.set_device(device.index if device.index is not None else torch.cuda.current_device())
     with warnings.catch_warnings():
         warnings.filterwarnings("ignore", message=CUBLAS_CONTEXT_WARNING)
         yield
