@@ -57,10 +57,18 @@ TC_SPACE = (  # the window kernels' tiles, then the span-tile kernel's (forward 
     Param("span_warps", (4, 8)),
     Param("span_stages", (2, 3)),
 )
-# The backward's kernels fault on the H200 with 16-wide key tiles (illegal memory access seen in the
-# tuner, training 4K): they are not offered until that is found and fixed.
-TC_BACKWARD_SPACE = tuple(
-    Param(p.name, tuple(v for v in p.values if v > 16)) if p.name.endswith("block_n") else p for p in TC_SPACE
+# The backward's kernels faulted on the H200 (illegal memory access, training 4K) with 3-stage span
+# pipelines and with 16-wide key tiles; until that is found and fixed the tuner searches only tiles
+# around those that ran correctly there (scripts/training_compare.py sweeps).
+TC_BACKWARD_SPACE = (
+    Param("window_block_m", (32, 64, 128)),
+    Param("window_block_n", (64, 128)),
+    Param("window_warps", (4, 8)),
+    Param("window_stages", (2,)),
+    Param("span_block_m", (64, 128)),
+    Param("span_block_n", (32, 64)),
+    Param("span_warps", (4, 8)),
+    Param("span_stages", (2,)),
 )
 MAX_TC_VALUES_PER_THREAD = 160  # fp32 accumulator + score values per thread of a tensor-core tile
 
@@ -232,7 +240,7 @@ def fitted(config: KernelConfig, tiles: dict, problem: Problem) -> KernelConfig:
     then fewer rows) until ``tile_check`` accepts it."""
     for part in tiles:
         while tile_check({part: tiles[part]}, problem, config) is not None:
-            for name, floor in (("stages", 2), ("block_n", 32 if tiles is BACKWARD_TILES else 16), ("block_m", 64)):
+            for name, floor in (("stages", 2), ("block_n", 32), ("block_m", 64)):
                 if config[f"{part}_{name}"] > floor:
                     value = config[f"{part}_{name}"]
                     config = config.replace(**{f"{part}_{name}": 2 if name == "stages" else value // 2})

@@ -112,7 +112,7 @@ def bench_case(case: Case, device: torch.device, seed: int = 0) -> BenchRow:
     config = choice.config
     return BenchRow(
         case.label, case.problem.op, default_ms, tuned_ms,
-        f"{choice.variant.name} {config.block_k}/{config.num_warps}/{config.num_stages}", choice.source,
+        f"{choice.variant.name} {config.text()}", choice.source,
         sdpa_ms, sdpa_kind, bound, basis,
     )
 
