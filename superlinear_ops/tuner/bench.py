@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import logging
 import math
+import statistics
 from dataclasses import asdict, dataclass
 
 import torch
@@ -165,6 +166,19 @@ def _plot(rows: list[BenchRow], path: str, workload: str, device: str) -> None:
     fig.savefig(path, dpi=120)
 
 
+VERIFY_ROUNDS = 5
+
+
+def side_by_side(bench: ProblemBench, *candidates: tuple) -> list[float]:
+    """Median milliseconds of each (variant, config), timed in ``VERIFY_ROUNDS`` interleaved rounds
+    so that drifts of the machine (clocks, host load) fall on every candidate alike."""
+    times: list[list[float]] = [[] for _ in candidates]
+    for _ in range(VERIFY_ROUNDS):
+        for samples, (variant, config) in zip(times, candidates):
+            samples.append(bench.time_ms(variant, config))
+    return [statistics.median(samples) for samples in times]
+
+
 def verify(workload_path: str, device: torch.device, threshold: float,
            only: str | None = None) -> list[tuple[str, float, float, str]]:
     """Re-measure each problem's cached winner against the default; rows of (label, default, tuned, verdict)."""
@@ -182,8 +196,8 @@ def verify(workload_path: str, device: torch.device, threshold: float,
         except CandidateFailed as err:
             rows.append((case.label, math.nan, math.nan, f"FAIL: {err}"))
             continue
-        default_ms = bench.time_ms(bench.default_variant, bench.default_config)
-        tuned_ms = bench.time_ms(choice.variant, choice.config)
+        default_ms, tuned_ms = side_by_side(bench, (bench.default_variant, bench.default_config),
+                                            (choice.variant, choice.config))
         slower = tuned_ms > default_ms * (1.0 + threshold)
         rows.append((case.label, default_ms, tuned_ms, "FAIL: slower than the default" if slower else "ok"))
     return rows
