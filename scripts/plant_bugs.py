@@ -1,38 +1,140 @@
-"""Mutation check: plant one bug per kernel variant and decode step, run the tests that must catch it.
+"""Mutation check: plant one bug at a time in a temporary copy of the repository and run the tests
+that must catch it. The working checkout is never modified.
 
-Run from the repository root (with the test dependencies installed):  python scripts/plant_bugs.py
-Every line must say CAUGHT; the source files are restored after each plant.
+    python scripts/plant_bugs.py [--only SUBSTRING] [--keep]
+
+A plant counts as CAUGHT only when pytest exits 1 with failed tests whose first error is an
+AssertionError (a test's check failed); a collection or usage error (exit 2-5), a crash of the
+test itself, or a plant whose text is no longer in the source (STALE) counts as not caught. Exit status 0 only when every plant is caught.
 """
 
-import subprocess
+from __future__ import annotations
 
-F='superlinear_ops/kernels/span_forward.py'; B='superlinear_ops/kernels/span_backward.py'; C='superlinear_ops/kernels/common.py'; DEC='superlinear_ops/decode.py'; G='superlinear_ops/kernels/decode_grouped.py'
-plants = {
- "forward drops first window key": (C, "lo = tl.maximum(pos - WINDOW + 1, 0)", "lo = tl.maximum(pos - WINDOW + 2, 0)", "tests/test_span_kernels.py::test_forward_matches_reference"),
- "per-span dQ scaled": (B, "tl.atomic_add(dq_ptrs, dq * sm_scale, mask=d_mask)", "tl.atomic_add(dq_ptrs, dq * sm_scale * 1.01, mask=d_mask)", "tests/test_span_kernels.py -k per_span"),
- "fused dQ scaled": (B, "tl.store(dq_ptrs, dq * sm_scale, mask=d_mask)", "tl.store(dq_ptrs, dq * sm_scale * 1.01, mask=d_mask)", "tests/test_span_kernels.py -k fused"),
- "shared dK/dV wrong kv head": (B, "dkv_base = (batch * (H_Q // REP) + kv_head) * L_KV * D_HEAD", "dkv_base = (batch * (H_Q // REP) + (kv_head + 1) % (H_Q // REP)) * L_KV * D_HEAD", "tests/test_span_kernels.py -k shared"),
- "split dK/dV wrong q head": (B, "dkv_base = (batch * H_Q + head) * L_KV * D_HEAD", "dkv_base = (batch * H_Q + (head + 1) % H_Q) * L_KV * D_HEAD", "tests/test_span_kernels.py -k split"),
- "fused window misses last span's dV": (B, "dv += p[:, None] * do[None, :]", "dv += p[:, None] * do[None, :] * (j < N_SLOTS - 1 or N_SLOTS == 1)", "tests/test_span_kernels.py -k fused"),
- "decode gate halves scores": (DEC, "gate = torch.softmax(gate_logits, dim=-1)", "gate = torch.softmax(gate_logits / 2, dim=-1)", "tests/test_decode.py"),
- "fused search span start off by one": ("superlinear_ops/kernels/decode_search.py", "tl.maximum(anchor - back, 0)", "tl.maximum(anchor - back + 1, 0)", "tests/test_decode.py -k fused_search"),
- "fused search top-k takes the lowest score": ("superlinear_ops/kernels/decode_search.py", "best = tl.max(scores, axis=0)", "best = tl.min(tl.where(scores > float('-inf'), scores, float('inf')), axis=0)", "tests/test_decode.py -k fused_search"),
- "split decode drops the last chunk": ("superlinear_ops/kernels/decode_split.py", "for chunk in range(0, N_CHUNKS):", "for chunk in range(0, N_CHUNKS - 1):", "tests/test_decode.py -k split_window"),
- "split decode gate ignores scores": ("superlinear_ops/kernels/decode_split.py", "weight = tl.where(any_chosen, tl.exp(tl.load(score_ptr + row * K_SPANS + j) - top), 1.0) / total", "weight = 1.0 / K_SPANS", "tests/test_decode.py -k split_window"),
- "decode span start off by one": (DEC, "(anchor - back_len).clamp(min=0)", "(anchor - back_len + 1).clamp(min=0)", "tests/test_decode.py"),
- "grouped search scores halved": (G, "scores = _dot(queries, tl.trans(keys), UPCAST)", "scores = _dot(queries, tl.trans(keys), UPCAST) * 0.5", "tests/test_decode.py -k grouped"),
- "grouped candidate merge shifts slots": (G, "score = tl.where(slot == j, best, score)", "score = tl.where(slot == (j + 1) % TOPK, best, score)", "tests/test_decode.py -k grouped"),
- "grouped window chunk drops a key": (G, "hi = tl.minimum(window_hi, lo + WCHUNK - 1)", "hi = tl.minimum(window_hi, lo + WCHUNK - 2)", "tests/test_decode.py -k grouped"),
- "grouped merge halves the window": (G, "l = w_l * a_w + s_l * a_s", "l = w_l * a_w * 0.5 + s_l * a_s", "tests/test_decode.py -k grouped"),
- "grouped merge runs before the last chunk": (G, "if finished == TOPK * N_CHUNKS - 1:", "if finished == 0:", "tests/test_decode.py -k grouped"),
- "grouped first allowed key ignored": (G, "distance = tl.maximum(t - tl.where(first == L_KV, 0, first), 0)", "distance = t", "tests/test_decode.py -k grouped"),
+import argparse
+import os
+import pathlib
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+
+ROOT = pathlib.Path(__file__).resolve().parent.parent
+F = "superlinear_ops/kernels/span_forward.py"
+B = "superlinear_ops/kernels/span_backward.py"
+C = "superlinear_ops/kernels/common.py"
+DEC = "superlinear_ops/decode/staged.py"
+GATE = "superlinear_ops/decode/settings.py"
+G = "superlinear_ops/decode/grouped_kernels.py"
+S = "superlinear_ops/decode/search_kernel.py"
+SPLIT = "superlinear_ops/decode/split_window_kernels.py"
+TCF = "superlinear_ops/kernels/span_tc_forward.py"
+WIN = "superlinear_ops/kernels/window_attention.py"
+TCB = "superlinear_ops/kernels/span_tc_backward.py"
+GEO = "superlinear_ops/geometry.py"
+REF = "superlinear_ops/reference.py"
+VARIANTS = "tests/test_variants.py"
+FWD = f"{VARIANTS} -k span_forward"
+BWD = f"{VARIANTS} -k span_backward"
+
+
+def decode(variant: str) -> str:
+    return f"{VARIANTS} -k 'decode and {variant}'"
+
+
+# name: (file, text, replacement, tests that must catch it)
+PLANTS = {
+    "forward drops first window key": (C, "lo = tl.maximum(pos - WINDOW + 1, 0)", "lo = tl.maximum(pos - WINDOW + 2, 0)", FWD),
+    "forward query row stride replaced by D": (F, "query * stride_ql + offs_d", "query * D_HEAD + offs_d", FWD),
+    "per-span dQ scaled": (B, "tl.atomic_add(dq_ptrs, dq * sm_scale, mask=d_mask)", "tl.atomic_add(dq_ptrs, dq * sm_scale * 1.01, mask=d_mask)", f"{VARIANTS} -k 'span_backward and per_span'"),
+    "fused dQ scaled": (B, "tl.store(dq_ptrs, dq * sm_scale, mask=d_mask)", "tl.store(dq_ptrs, dq * sm_scale * 1.01, mask=d_mask)", f"{VARIANTS} -k 'span_backward and fused'"),
+    "shared dK/dV wrong kv head": (B, "dkv_base = (batch * (H_Q // REP) + kv_head) * L_KV * D_HEAD", "dkv_base = (batch * (H_Q // REP) + (kv_head + 1) % (H_Q // REP)) * L_KV * D_HEAD", f"{VARIANTS} -k 'span_backward and shared'"),
+    "split dK/dV wrong q head": (B, "dkv_base = (batch * H_Q + head) * L_KV * D_HEAD", "dkv_base = (batch * H_Q + (head + 1) % H_Q) * L_KV * D_HEAD", f"{VARIANTS} -k 'span_backward and split'"),
+    "fused window misses last span's dV": (B, "dv += p[:, None] * do[None, :]", "dv += p[:, None] * do[None, :] * (j < N_SLOTS - 1 or N_SLOTS == 1)", f"{VARIANTS} -k 'span_backward and fused'"),
+    "backward window limited to its first key block": (B, "    lo, hi = window_bounds(pos, WINDOW)\n    dq = _backward_segment(", "    lo, hi = window_bounds(pos, WINDOW)\n    hi = tl.minimum(hi, lo + BLOCK_K - 1)\n    dq = _backward_segment(", BWD),
+    "decode gate halves scores": (GATE, "gate = torch.softmax(torch.where(any_chosen, scores, torch.zeros_like(scores)), dim=-1)", "gate = torch.softmax(torch.where(any_chosen, scores, torch.zeros_like(scores)) / 2, dim=-1)", decode("staged")),
+    "decode span start off by one": (DEC, "(anchor - back_len).clamp(min=0)", "(anchor - back_len + 1).clamp(min=0)", decode("staged")),
+    "staged stripe validity ignores the mask": (DEC, "valid = valid & (attention_mask[:, safe_loc] != 0)", "valid = valid", decode("staged")),
+    "stripe search span start off by one": (S, "tl.maximum(anchor - back, 0)", "tl.maximum(anchor - back + 1, 0)", decode("split_window")),
+    "stripe search top-k takes the lowest score": (S, "best = tl.max(scores, axis=0)", "best = tl.min(tl.where(scores > float('-inf'), scores, float('inf')), axis=0)", decode("split_window")),
+    "split decode drops the last chunk": (SPLIT, "for chunk in range(0, N_CHUNKS):", "for chunk in range(0, N_CHUNKS - 1):", decode("split_window")),
+    "split decode gate ignores scores": (SPLIT, "weight = tl.where(any_chosen, tl.exp(tl.load(score_ptr + row * K_SPANS + j) - top), 1.0) / total", "weight = 1.0 / K_SPANS", decode("split_window")),
+    "grouped search scores halved": (G, "scores = tc_dot(queries, tl.trans(keys), UPCAST)", "scores = tc_dot(queries, tl.trans(keys), UPCAST) * 0.5", decode("grouped")),
+    "grouped candidate merge shifts slots": (G, "score = tl.where(slot == j, best, score)", "score = tl.where(slot == (j + 1) % TOPK, best, score)", decode("grouped")),
+    "grouped window chunk drops a key": (G, "hi = tl.minimum(window_hi, lo + WCHUNK - 1)", "hi = tl.minimum(window_hi, lo + WCHUNK - 2)", decode("grouped")),
+    "grouped merge halves the window": (G, "l = w_l * a_w + s_l * a_s", "l = w_l * a_w * 0.5 + s_l * a_s", decode("grouped")),
+    "grouped merge runs before the last chunk": (G, "if finished == TOPK * N_CHUNKS - 1:", "if finished == 0:", decode("grouped")),
+    "grouped first allowed key ignored": (G, "distance = tl.maximum(t - tl.where(first == L_KV, 0, first), 0)", "distance = t", decode("grouped")),
+    "grouped bf16 output scaled by 1.01": (G, "        launch_pdl=pdl,\n    )\n    return out\n", "        launch_pdl=pdl,\n    )\n    return out * 1.01 if q2.dtype == torch.bfloat16 else out\n", decode("grouped")),
+    "geometry stripe_count drops the last stripe": (GEO, "return max(largest, sw_index + 1)", "return max(largest - 1, sw_index + 1)", f"{VARIANTS}::test_decode_variant_matches_oracle tests/test_geometry.py"),
+    "tensor-core forward: window part dropped in the merge": (TCF, "        beta = tl.exp2(lw - m_ref)\n", "        beta = tl.exp2(lw - m_ref) * 0.0\n", f"{FWD} -k tc_tiles"),
+    "tensor-core forward: window starts one key late": (WIN, "    row_lo = tl.maximum(pos - WINDOW + 1, 0)\n", "    row_lo = tl.maximum(pos - WINDOW + 2, 0)\n", f"{FWD} -k tc_tiles"),
+    "tensor-core backward: span dV scaled by 1.01": (TCB, "        dv = tc_dot(tl.trans(operand(p, do, UPCAST)), do, UPCAST)\n", "        dv = tc_dot(tl.trans(operand(p, do, UPCAST)), do, UPCAST) * 1.01\n", f"{BWD} -k tc_tiles"),
+    "tensor-core backward: span dQ dropped": (TCB, "dq * sm_scale, mask=dq_mask", "dq * sm_scale * 0.0, mask=dq_mask", f"{BWD} -k tc_tiles"),
+    "tensor-core backward: window weights ignore the smallest lse": (TCB, "        c = tl.minimum(c, tl.load(Lse_ptr + rows * K_SPANS + j, mask=row_ok, other=float(\"inf\")))\n", "        c = tl.minimum(c, tl.load(Lse_ptr + rows * K_SPANS + j, mask=row_ok, other=float(\"inf\"))) + 0.01\n", f"{BWD} -k tc_tiles"),
+    "reference window start off by one": (REF, "in_window = (keys >= (pos - window + 1).clamp(min=0))", "in_window = (keys >= (pos - window + 2).clamp(min=0))", f"{VARIANTS} -k reference"),
 }
-for name, (path, old, new, target) in plants.items():
-    src = open(path).read(); assert src.count(old) == 1, name
-    open(path, 'w').write(src.replace(old, new))
+
+
+def copy_repository(dest: pathlib.Path) -> None:
+    """The tracked and untracked-but-not-ignored files of the checkout (no .venv, no caches)."""
+    listed = subprocess.run(["git", "ls-files", "-co", "--exclude-standard", "-z"], cwd=ROOT, check=True,
+                            capture_output=True, text=True).stdout.split("\0")
+    for name in filter(None, listed):
+        source = ROOT / name
+        if source.is_file():
+            (dest / name).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(source, dest / name)
+
+
+def run_tests(copy: pathlib.Path, target: str, env: dict) -> tuple[bool, str]:
+    """(caught, pytest's last line): caught when pytest exits 1 after failed tests."""
+    result = subprocess.run(f"{sys.executable} -m pytest -q -x -p no:xdist -p no:cacheprovider {target}", shell=True, cwd=copy, check=False,
+                            env=env, capture_output=True, text=True)
+    lines = result.stdout.strip().splitlines() or ["(no output)"]
+    last = lines[-1]
+    raised = re.search(r"^E\s+(\w+(?:Error|Exception|Exit))\b", result.stdout, re.MULTILINE)
+    kind = raised.group(1) if raised else "no exception shown"
+    caught = result.returncode == 1 and re.search(r"\d+ failed", last) is not None and kind == "AssertionError"
+    return caught, f"exit {result.returncode}, {kind}: {last}"
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--only", default="", help="only the plants whose name contains this")
+    parser.add_argument("--keep", action="store_true", help="keep the temporary copy")
+    args = parser.parse_args()
+    copy = pathlib.Path(tempfile.mkdtemp(prefix="plant_bugs_"))
+    copy_repository(copy)
+    env = {**os.environ, "PYTHONPATH": str(copy), "PYTHONDONTWRITEBYTECODE": "1"}
+    where = subprocess.run([sys.executable, "-c", "import superlinear_ops; print(superlinear_ops.__file__)"],
+                           cwd=copy, env=env, capture_output=True, text=True, check=False).stdout.strip()
+    if not where.startswith(str(copy)):
+        print(f"the copy's package is not the one imported ({where}); aborting", file=sys.stderr)
+        return 2
+    chosen = {name: plant for name, plant in PLANTS.items() if args.only in name}
+    caught_count = 0
     try:
-        r = subprocess.run(f"pytest -q -x -n 2 {target}", shell=True, capture_output=True, text=True)
-        last = r.stdout.strip().splitlines()[-1]
-        print(f"{name:40s} -> {'CAUGHT' if r.returncode else 'MISSED'}: {last}")
+        for name, (path, old, new, target) in chosen.items():
+            source = (copy / path).read_text()
+            if source.count(old) != 1:
+                print(f"{name:48s} -> STALE: the planted text occurs {source.count(old)} times in {path}")
+                continue
+            (copy / path).write_text(source.replace(old, new))
+            try:
+                caught, detail = run_tests(copy, target, env)
+            finally:
+                (copy / path).write_text(source)
+            caught_count += caught
+            print(f"{name:48s} -> {'CAUGHT' if caught else 'MISSED'} ({detail})", flush=True)
     finally:
-        open(path, 'w').write(src)
+        if args.keep:
+            print(f"copy kept at {copy}")
+        else:
+            shutil.rmtree(copy, ignore_errors=True)
+    print(f"caught {caught_count}/{len(chosen)}")
+    return 0 if caught_count == len(chosen) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

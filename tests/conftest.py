@@ -1,54 +1,60 @@
-"""Test setup: Triton's interpreter on CPU tensors (set before Triton is imported) and input makers."""
+"""Test setup: Triton's interpreter on CPU tensors (set before Triton is imported), replayable
+seeds, and a cache environment isolated from the user's."""
 
 from __future__ import annotations
 
 import os
+import pathlib
+import sys
 import uuid
 
 os.environ["TRITON_INTERPRET"] = "1"
+# Test the package of this checkout (here and in subprocesses), whatever an editable install points at.
+_ROOT = str(pathlib.Path(__file__).resolve().parent.parent)
+sys.path.insert(0, _ROOT)
+os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [_ROOT, os.environ.get("PYTHONPATH")]))
 
-import pytest  # noqa: E402
-import torch  # noqa: E402
-
-from superlinear_ops import geometry  # noqa: E402
-
-TOLERANCES = {  # (atol, rtol) against the float64 reference, by input dtype
-    torch.float32: (2e-5, 2e-5),
-    torch.float16: (4e-3, 4e-3),
-    torch.bfloat16: (3e-2, 3e-2),
-}
+import pytest
+import torch
+from helpers import SEED_ENV, resolve_seed, seed_params
 
 
-def assert_close(actual: torch.Tensor, expected: torch.Tensor, dtype: torch.dtype, scale: float = 1.0) -> None:
-    """Compare against a float64 expectation with the tolerance for ``dtype``; NaN never passes."""
-    assert not torch.isnan(actual).any(), "NaN in the result"
-    atol, rtol = TOLERANCES[dtype]
-    torch.testing.assert_close(actual.double(), expected.double(), atol=atol * scale, rtol=rtol * scale)
+def pytest_configure(config) -> None:
+    config.addinivalue_line("markers", "random_seeds(n): also run with n fresh random seeds (besides the fixed one)")
 
 
-def random_spans(
-    gen: torch.Generator,
-    batch: int,
-    heads: int,
-    cache_position: torch.Tensor,
-    n_spans: int,
-    key_length: int,
-    window: int,
-    max_len: int,
-    unused_fraction: float = 0.25,
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """Random valid spans that end before each query's window; some slots unused (-1)."""
-    lq = cache_position.numel()
-    pos = cache_position.clamp(max=key_length - 1).view(1, 1, lq, 1)
-    limit = (pos - window + 1).clamp(min=0) if window > 0 else pos + 1  # spans end before this
-    shape = (batch, heads, lq, n_spans)
-    end = (torch.rand(shape, generator=gen) * limit).floor().long()
-    length = torch.randint(1, max_len + 1, shape, generator=gen)
-    start = (end - length + 1).clamp(min=0)
-    unused = (torch.rand(shape, generator=gen) < unused_fraction) | (limit <= 0).expand(shape)
-    start = torch.where(unused, torch.full_like(start, -1), start)
-    end = torch.where(unused, torch.full_like(end, -1), end)
-    return start, end
+def pytest_generate_tests(metafunc) -> None:
+    """Every test that takes ``gen`` runs with a fixed seed (plus random ones where marked), or with
+    the seeds of SUPERLINEAR_OPS_TEST_SEED."""
+    if "gen" in metafunc.fixturenames:
+        marker = metafunc.definition.get_closest_marker("random_seeds")
+        params = seed_params(marker.args[0] if marker else 0)
+        metafunc.parametrize("gen", params, indirect=True, ids=[f"seed-{p}" for p in params])
+
+
+@pytest.fixture
+def gen(request) -> torch.Generator:
+    """A generator with a printed, replayable seed (shown with a failing test's output)."""
+    seed = resolve_seed(request.param, request.node.originalname + request.node.nodeid.split("[")[-1])
+    print(f"random seed: {seed} (replay: {SEED_ENV}={seed} pytest '{request.node.nodeid.split('[')[0]}')")
+    return torch.Generator().manual_seed(seed)
+
+
+@pytest.fixture(autouse=True)
+def isolated_cache_environment(tmp_path_factory, monkeypatch):
+    """HOME, XDG_CACHE_HOME and SUPERLINEAR_OPS_CACHE point into a fresh temporary directory, and the
+    dispatcher's layers are rebuilt from that environment, so no user store leaks into a test."""
+    import superlinear_ops
+
+    home = tmp_path_factory.mktemp("home")
+    monkeypatch.setenv("HOME", str(home))
+    monkeypatch.setenv("XDG_CACHE_HOME", str(home / ".cache"))
+    monkeypatch.delenv("SUPERLINEAR_OPS_CACHE", raising=False)
+    monkeypatch.delenv("SUPERLINEAR_OPS_VALIDATE", raising=False)
+    superlinear_ops.use_cache()
+    yield home
+    monkeypatch.undo()
+    superlinear_ops.use_cache()
 
 
 @pytest.fixture
@@ -69,14 +75,3 @@ def postgres_url():
     with admin.connect() as conn:
         conn.execute(text(f"DROP DATABASE {name} WITH (FORCE)"))
     admin.dispose()
-
-
-@pytest.fixture
-def gen() -> torch.Generator:
-    """A fresh generator seeded differently each run (the seed is printed on failure)."""
-    seed = int.from_bytes(os.urandom(4), "little")
-    print(f"random seed: {seed}")
-    return torch.Generator().manual_seed(seed)
-
-
-__all__ = ["assert_close", "geometry", "random_spans"]

@@ -14,7 +14,7 @@ import warnings
 import pytest
 import torch
 from cache_helpers import make_entry, make_key
-from conftest import assert_close
+from helpers import assert_close
 
 import superlinear_ops
 from superlinear_ops import dispatch, fused_span_attention_gqa
@@ -197,7 +197,7 @@ def _span_call(gen, lq: int):
     cp = torch.arange(64 - lq, 64)
     out = fused_span_attention_gqa(q, k, v, spans, ends, cp, None, 2)
     expected = span_forward_reference(q.double(), k.double(), v.double(), spans, ends, cp, None, 8)
-    assert_close(out, expected, torch.float32)
+    assert_close(out, expected, torch.float32, 64, "out")
 
 
 @pytest.mark.parametrize("name", list(FAULTS))

@@ -62,6 +62,7 @@ def test_variants_and_explain_commands(capsys) -> None:
 
 def test_every_subpackage_is_packaged() -> None:
     import pathlib
+
     import tomllib
 
     root = pathlib.Path(__file__).resolve().parent.parent
@@ -70,3 +71,79 @@ def test_every_subpackage_is_packaged() -> None:
         ".".join(p.parent.relative_to(root).parts) for p in (root / "superlinear_ops").rglob("__init__.py")
     }
     assert found <= declared, f"add to pyproject.toml [tool.setuptools] packages: {sorted(found - declared)}"
+
+
+def _subcommands() -> list[list[str]]:
+    import argparse
+
+    from superlinear_ops.cli import build_parser
+
+    def walk(parser, prefix):
+        for action in parser._actions:
+            if isinstance(action, argparse._SubParsersAction):
+                for name, sub in action.choices.items():
+                    yield [*prefix, name]
+                    yield from walk(sub, [*prefix, name])
+
+    return list(walk(build_parser(), []))
+
+
+def test_every_command_has_help(capsys) -> None:
+    commands = _subcommands()
+    assert {"demo", "variants", "explain", "tune", "verify", "bench", "show", "cache"} <= {c[0] for c in commands}
+    assert ["cache", "import"] in commands
+    for command in commands:
+        with pytest.raises(SystemExit) as done:
+            main([*command, "--help"])
+        assert done.value.code == 0, command
+        assert f"usage: superlinear-ops {' '.join(command)}" in capsys.readouterr().out, command
+
+
+def test_version(capsys) -> None:
+    import superlinear_ops
+
+    with pytest.raises(SystemExit) as done:
+        main(["--version"])
+    assert done.value.code == 0 and capsys.readouterr().out.strip() == f"superlinear-ops {superlinear_ops.__version__}"
+
+
+def test_variants_op_lists_only_that_op(capsys) -> None:
+    from superlinear_ops.registry import REGISTRY
+
+    assert main(["variants", "--op", "staged_decode"]) == 0
+    listing = capsys.readouterr().out
+    names = [line.split()[0] for line in listing.splitlines() if not line.startswith(" ")]
+    assert names == [v.qualified_name for v in REGISTRY.variants("staged_decode")]
+
+
+def test_explain_workload_explains_every_problem(capsys) -> None:
+    import pathlib
+
+    import torch
+
+    from superlinear_ops.problem import device_identity
+    from superlinear_ops.tuner.workload import load
+
+    quick = pathlib.Path(__file__).resolve().parent.parent / "tuning" / "quick.yaml"
+    assert main(["explain", "--workload", str(quick), "--device", "cpu"]) == 0
+    text = capsys.readouterr().out
+    labels = [c.label for c in load(quick).cases(device_identity(torch.device("cpu")))]
+    assert [line[3:] for line in text.splitlines() if line.startswith("== ")] == labels
+    assert text.count("choice: ") == len(labels)
+
+
+def test_cache_import_force_replaces_faster_entries(tmp_path) -> None:
+    from cache_helpers import make_entry
+
+    from superlinear_ops.cache import yaml_file
+    from superlinear_ops.cache.store import Store
+
+    store = tmp_path / "s.sqlite"
+    with Store.writer(store) as s:
+        s.put(make_entry(1, median_ms=0.5))
+    slower = tmp_path / "slower.yaml"
+    yaml_file.write([make_entry(1, median_ms=0.9)], slower)
+    assert main(["cache", "import", str(slower), "--cache", str(store)]) == 0
+    assert [e.median_ms for e in Store.reader(store).entries()] == [0.5]  # the faster entry stays
+    assert main(["cache", "import", str(slower), "--cache", str(store), "--force"]) == 0
+    assert [e.median_ms for e in Store.reader(store).entries()] == [0.9]

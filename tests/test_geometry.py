@@ -7,11 +7,16 @@ from decimal import Decimal, localcontext
 from fractions import Fraction
 
 import numpy as np
+import oracle
 import pytest
 import torch
 
-from superlinear_ops import compute_qend_from_qanchor, geometry, max_stripe_index_for_token_pos
-from superlinear_ops import window_len_from_sw_index
+from superlinear_ops import (
+    compute_qend_from_qanchor,
+    geometry,
+    max_stripe_index_for_token_pos,
+    window_len_from_sw_index,
+)
 
 
 def _decimal_pow(base: int, exponent: float) -> Decimal:
@@ -57,7 +62,7 @@ def test_float_path_that_is_integer_uses_integer_powers() -> None:
 @pytest.mark.parametrize("p", [0.55, 0.6, 0.45, 0.7])
 def test_window_length_float_path_matches_exact_definition(p: float) -> None:
     params = geometry.power_params(search_power=p, inv_search_power_int=None)
-    for sw in range(0, 400):
+    for sw in range(400):
         exact = int(_decimal_pow(sw + 1, params.inv_p).to_integral_value(rounding="ROUND_FLOOR")) - 1
         assert window_len_from_sw_index(sw, search_power=p, inv_search_power_int=None) == exact
 
@@ -142,3 +147,27 @@ def test_bad_sw_index_and_token_pos() -> None:
         geometry.check_span_power(1.0)
     with pytest.raises(ValueError, match="forward_factor"):
         geometry.check_factor("forward_factor", -1.0, allow_zero=True)
+
+
+ORACLE_POWERS = [oracle.Power.of(inv_search_power_int=n) for n in (2, 3)] + [
+    oracle.Power.of(search_power=p) for p in (0.55, 0.6, 0.45)
+]
+
+
+@pytest.mark.parametrize("power", ORACLE_POWERS, ids=lambda p: f"int{p.inv_int}" if p.inv_int else f"inv{p.inv_p:.4f}")
+def test_stripes_and_windows_match_the_independent_oracle(power) -> None:
+    """stripe_count, stripe_offsets and window_length against the oracle's integer search, at every
+    key length up to 1200 and every sw_index up to 12 (the decode tables are built from these)."""
+    params = geometry.power_params(**power.kwargs())
+    for sw_index in range(13):
+        assert geometry.window_length(sw_index, params) == oracle.window_length(sw_index, power)
+        for key_length in range(1, 1201, 7 if sw_index else 1):
+            assert geometry.stripe_count(key_length, sw_index, params) == oracle.stripe_count(key_length, sw_index, power)
+        offsets = geometry.stripe_offsets(1200, sw_index, params).tolist()
+        assert offsets == oracle.stripe_offsets(1200, sw_index, power), sw_index
+
+
+@pytest.mark.parametrize("factor,span_power", [(3.0, 0.55), (2.0, 0.5), (0.5, 0.45)])
+def test_span_length_table_matches_the_independent_oracle(factor: float, span_power: float) -> None:
+    table = geometry.span_length_table(factor, span_power, 3000, torch.device("cpu")).tolist()
+    assert table == [oracle.ceil_scaled(factor, d, span_power) for d in range(3001)]

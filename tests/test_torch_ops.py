@@ -77,3 +77,31 @@ def test_warmup_runs_each_problem_and_builds_decode_tables() -> None:
     params = geometry.PowerParams.from_label("float0.55")
     assert ("stripes", 96, 2, params, "cpu") in geometry._TABLES
     assert ("span_len", 3.0, 0.55, 96, "cpu") in geometry._TABLES
+
+
+def test_nothing_is_built_after_warmup(gen: torch.Generator) -> None:
+    """warmup's promise: after it, real calls of the warmed problems resolve no choice, build no
+    geometry or decode table and (on a GPU) compile no Triton kernel."""
+    from superlinear_ops import decode_tables, dispatch
+
+    device = superlinear_ops.problem.device_identity(torch.device("cpu"))
+    problems = [
+        Problem("span_backward", "float32", D, HQ, HKV, K, LQ, 80, B, True, 3, "int3", device),
+        Problem("staged_decode", "float32", D, HQ, HKV, 2, 1, 112, B, True, 3, "float0.6", device, (2.5, 0.5, 0.45)),
+    ]
+    superlinear_ops.warmup(problems, "cpu")
+    before = (dispatch.DISPATCHER.resolutions, len(geometry._TABLES), decode_tables.decode_tables.cache_info().misses)
+    q = torch.randn(B, HQ, LQ, D, generator=gen, requires_grad=True)
+    k, v = torch.randn(B, HKV, 80, D, generator=gen), torch.randn(B, HKV, 80, D, generator=gen)
+    spans = torch.tensor([0, 9]).expand(B, HQ, LQ, K).contiguous()
+    mask = torch.rand(B, 80, generator=gen) > 0.1
+    superlinear_ops.fused_span_attention_gqa(q, k, v, spans, spans, torch.tensor([40, 60, 79]), mask, 3,
+                                             inv_search_power_int=3).sum().backward()
+    k, v = torch.randn(B, HKV, 112, D, generator=gen), torch.randn(B, HKV, 112, D, generator=gen)
+    q1, q2 = torch.randn(B, HQ, 1, D, generator=gen), torch.randn(B, HQ, 1, D, generator=gen)
+    superlinear_ops.decode_span_attention_staged_gqa(
+        q1, q2, k, v, torch.tensor([100]), torch.rand(B, 112, generator=gen) > 0.1, 3, 2, backward_factor=2.5,
+        forward_factor=0.5, span_power=0.45, search_power=0.6, inv_search_power_int=None,
+    )
+    after = (dispatch.DISPATCHER.resolutions, len(geometry._TABLES), decode_tables.decode_tables.cache_info().misses)
+    assert after == before, "a choice or a table was built after warm-up"

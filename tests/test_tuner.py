@@ -9,15 +9,14 @@ import pathlib
 import signal
 import subprocess
 import sys
-import time
 
 import optuna
 import pytest
 import torch
+from cache_helpers import make_entry
 from optuna.trial import TrialState
 
 import superlinear_ops
-from cache_helpers import make_entry
 from superlinear_ops import dispatch
 from superlinear_ops.buckets import key_of
 from superlinear_ops.cache.store import Store
@@ -28,7 +27,12 @@ from superlinear_ops.registry import REGISTRY, Param, Variant
 from superlinear_ops.tuner.search import SearchSettings, study_name
 from superlinear_ops.tuner.tune import open_storage, tune, unique_cases
 from superlinear_ops.tuner.workload import WorkloadError, load
-from superlinear_ops.variants import no_check, staged_decode_with, triton_forward, triton_reasons
+from superlinear_ops.variants import (
+    no_check,
+    staged_decode_with,
+    triton_forward,
+    triton_reasons,
+)
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 QUICK = ROOT / "tuning" / "quick.yaml"
@@ -62,10 +66,13 @@ def test_tune_quick_workload_end_to_end(tmp_path, restore_cache) -> None:
                    cache=str(cache), device=CPU, progress=False)
     cases = unique_cases(load(QUICK).cases(device_identity(CPU)))
     assert [r.label for r in results] == [c.label for c in cases]
-    assert all(r.trials == 3 and r.best_ms > 0 and r.default_ms >= r.best_ms for r in results)
     with Store.reader(cache) as store:
         entries = {e.key: e for e in store.entries()}
     assert set(entries) == {key_of(c.problem) for c in cases}
+    for result, case in zip(results, cases):
+        entry = entries[key_of(case.problem)]
+        assert result.trials == 3 and 0 < result.best_ms < float("inf") and 0 < result.default_ms < float("inf")
+        assert entry.median_ms == pytest.approx(result.best_ms) and entry.default_ms == pytest.approx(result.default_ms)
     for entry in entries.values():
         assert entry.provenance.interpreter and entry.key.arch == "interpreter"
         assert 0 <= entry.max_error < 1e-3 and entry.sampler == "tpe" and entry.trials == 3
@@ -138,12 +145,22 @@ def test_resume_after_kill_9(tmp_path, decode_workload) -> None:
     command = [sys.executable, "-m", "superlinear_ops.cli", "tune", str(decode_workload), "--trials", "6",
                "--storage", storage, "--cache", cache, "--device", "cpu", "--no-progress"]
     env = {**os.environ, "TRITON_INTERPRET": "1"}
-    proc = subprocess.Popen(command, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    deadline = time.time() + 240
-    while time.time() < deadline and (not os.path.exists(storage) or _finished(storage) < 2):
-        time.sleep(0.5)
-    os.kill(proc.pid, signal.SIGKILL)
-    proc.wait()
+    # The first run kills itself (SIGKILL) as it starts timing its fourth candidate: no timing race.
+    killer = (
+        "import os, signal, sys\n"
+        "from superlinear_ops.tuner import runner\n"
+        "original, calls = runner.ProblemBench.time_ms, []\n"
+        "def time_ms(self, *args):\n"
+        "    calls.append(1)\n"
+        "    if len(calls) == 5: os.kill(os.getpid(), signal.SIGKILL)\n"
+        "    return original(self, *args)\n"
+        "runner.ProblemBench.time_ms = time_ms\n"
+        "from superlinear_ops.cli import main\n"
+        "sys.exit(main(sys.argv[1:]))\n"
+    )
+    killed = subprocess.run([sys.executable, "-c", killer, *command[3:]], env=env, capture_output=True, timeout=600,
+                            check=False)
+    assert killed.returncode == -signal.SIGKILL, killed.stderr[-2000:]
     done_before = _finished(storage)
     assert 2 <= done_before < 6
     assert not os.path.exists(cache) or not Store.reader(cache).entries()
@@ -205,19 +222,49 @@ def test_verify_and_bench_commands(tmp_path, capsys, monkeypatch, decode_workloa
     planted = make_entry(key=key_of(case.problem), variant="staged", config=KernelConfig(block_k=16, num_warps=1, num_stages=1))
     with Store.writer(cache) as store:
         store.put(planted, force=True)
-    assert main(["verify", str(decode_workload), "--cache", str(cache), "--device", "cpu", "--threshold", "100"]) == 0
-    assert "  ok" in capsys.readouterr().out
     from superlinear_ops.tuner import runner
 
-    def rigged(self, variant, config):  # make the cached winner look twice as slow as the default
-        return 1.0 if (variant, config) == (self.default_variant, self.default_config) else 2.0
+    def rigged(self, variant, config):  # make the cached winner look 1.3x as slow as the default
+        return 1.0 if (variant, config) == (self.default_variant, self.default_config) else 1.3
 
     monkeypatch.setattr(runner.ProblemBench, "time_ms", rigged)
-    assert main(["verify", str(decode_workload), "--cache", str(cache), "--device", "cpu"]) == 1
+    assert main(["verify", str(decode_workload), "--cache", str(cache), "--device", "cpu", "--threshold", "0.5"]) == 0
+    assert "  ok" in capsys.readouterr().out
+    assert main(["verify", str(decode_workload), "--cache", str(cache), "--device", "cpu", "--threshold", "0.2"]) == 1
     assert "FAIL: slower than the default" in capsys.readouterr().out
+    empty = tmp_path / "empty.sqlite"
+    with Store.writer(empty):
+        pass
+    args = ["verify", str(decode_workload), "--cache", str(empty), "--device", "cpu"]
+    assert main(args) == 0 and "no tuned entry" in capsys.readouterr().out
+    assert main([*args, "--require-all"]) == 1
+    capsys.readouterr()
     monkeypatch.undo()
-    out = tmp_path / "bench.json"
-    assert main(["bench", str(decode_workload), "--cache", str(cache), "--device", "cpu", "-o", str(out)]) == 0
+    out, plot = tmp_path / "bench.json", tmp_path / "bench.png"
+    assert main(["bench", str(decode_workload), "--cache", str(cache), "--device", "cpu", "-o", str(out), "--plot", str(plot)]) == 0
+    assert f"wrote {out} and {plot}" in capsys.readouterr().out
+    try:
+        import matplotlib  # noqa: F401
+    except ImportError:
+        assert not plot.exists()  # a warning, no file, without matplotlib
+    else:
+        assert plot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     rows = json.loads(out.read_text())["rows"]
     assert rows[0]["label"] == "decode 64" and rows[0]["tuned_source"] == "explicit"
     assert rows[0]["tuned_choice"] == "staged 16/1/1" and rows[0]["sdpa_ms"] > 0 and rows[0]["default_ms"] > 0
+
+
+def test_tune_command_options(tmp_path, capsys) -> None:
+    """--sampler, --seed, --problems, --workers, --timeout and --trials 0 (until exhausted or timed out)."""
+    storage, cache = tmp_path / "s.sqlite", tmp_path / "c.sqlite"
+    args = ["tune", str(QUICK), "--sampler", "random", "--seed", "7", "--trials", "0", "--timeout", "3",
+            "--problems", "^decode", "--workers", "1", "--storage", str(storage), "--cache", str(cache),
+            "--device", "cpu", "--no-progress"]
+    assert main(args) == 0
+    rows = [line for line in capsys.readouterr().out.splitlines()[1:] if line.strip()]
+    assert len(rows) == 1 and rows[0].startswith("decode 64")
+    summaries = optuna.get_all_study_summaries(open_storage(str(storage)))
+    assert len(summaries) == 1 and "random" in summaries[0].study_name
+    with Store.reader(cache) as store:
+        (entry,) = store.entries()
+    assert entry.sampler == "random" and entry.seed == 7 and entry.trials >= 1
