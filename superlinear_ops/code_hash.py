@@ -2,9 +2,10 @@
 
 Starting from a variant's launcher, every function, class and Triton kernel of this package that
 it reaches (by name, attribute of a package module, import inside a function body, closure cell or
-``functools.partial``) is hashed as its syntax tree with docstrings removed, together with the
-package-level constants it reads. Comments, docstrings and formatting do not change the hash;
-any change to code that runs does, and only for the variants that reach it.
+``functools.partial``) is hashed as its source tokens without comments, docstrings and whitespace,
+together with the package-level constants it reads. Comments, docstrings and formatting do not
+change the hash, and neither does the Python version (the shipped caches are tuned under one and
+used under others); any change to code that runs does, and only for the variants that reach it.
 """
 
 from __future__ import annotations
@@ -14,7 +15,10 @@ import functools
 import hashlib
 import importlib
 import inspect
+import io
+import re
 import textwrap
+import tokenize
 import types
 from collections.abc import Iterator
 
@@ -32,18 +36,37 @@ def _python_function(obj: object) -> object:
     return getattr(obj, "fn", obj) if type(obj).__module__.startswith("triton") else obj
 
 
-def _strip_docstrings(tree: ast.AST) -> ast.AST:
+_SKIPPED_TOKENS = {tokenize.COMMENT, tokenize.NL, tokenize.NEWLINE, tokenize.INDENT, tokenize.DEDENT,
+                   tokenize.ENCODING, tokenize.ENDMARKER}
+
+
+def _docstring_starts(tree: ast.AST) -> set[tuple[int, int]]:
+    starts = set()
     for node in ast.walk(tree):
         if isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)) and node.body:
             first = node.body[0]
             if isinstance(first, ast.Expr) and isinstance(first.value, ast.Constant) and isinstance(first.value.value, str):
-                node.body = node.body[1:] or [ast.Pass()]
-    return tree
+                starts.add((first.lineno, first.col_offset))
+    return starts
 
 
 @functools.lru_cache(maxsize=None)
-def _tree(obj: object) -> ast.AST:
-    return _strip_docstrings(ast.parse(textwrap.dedent(inspect.getsource(obj))))
+def _source(obj: object) -> tuple[str, ast.AST]:
+    """(normalised source, syntax tree) of ``obj``: its tokens' text without comments, docstrings
+    and any whitespace."""
+    source = textwrap.dedent(inspect.getsource(obj))
+    tree = ast.parse(source)
+    docstrings = _docstring_starts(tree)
+    lines = source.splitlines(keepends=True)
+    kept = []
+    for token in tokenize.generate_tokens(io.StringIO(source).readline):
+        if token.type in _SKIPPED_TOKENS or (token.type == tokenize.STRING and token.start in docstrings):
+            continue
+        (row, col), (end_row, end_col) = token.start, token.end
+        text = lines[row - 1][col:end_col] if row == end_row else (
+            lines[row - 1][col:] + "".join(lines[row:end_row - 1]) + lines[end_row - 1][:end_col])
+        kept.append(text)
+    return re.sub(r"\s+", "", "".join(kept)), tree
 
 
 def _namespace(obj: object) -> dict:
@@ -66,7 +89,7 @@ def _imported(node: ast.ImportFrom, obj: object) -> Iterator[object]:
 def _references(obj: object) -> Iterator[object]:
     """What ``obj``'s code names: globals, attributes of package modules, in-body imports, closures."""
     namespace = _namespace(obj)
-    for node in ast.walk(_tree(obj)):
+    for node in ast.walk(_source(obj)[1]):
         if isinstance(node, ast.Name) and node.id in namespace:
             yield namespace[node.id]
         elif isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name):
@@ -90,7 +113,7 @@ def _digest_into(digest, obj: object, seen: set[int]) -> None:
     target = _python_function(obj)
     if not (inspect.isfunction(target) or inspect.isclass(target)) or not _in_package(target):
         return
-    digest.update(f"{target.__module__}.{target.__qualname__}:{ast.dump(_tree(target))}".encode())
+    digest.update(f"{target.__module__}.{target.__qualname__}:{_source(target)[0]}".encode())
     for ref in _references(target):
         if isinstance(ref, _CONSTANTS):
             digest.update(repr(ref).encode())
