@@ -57,7 +57,7 @@ def test_variants_and_explain_commands(capsys) -> None:
         assert name in listing
     assert main(["explain", "--op", "span_backward", "--spans", "1", "--device", "cpu"]) == 0
     text = capsys.readouterr().out
-    assert "K = 1 span slot" in text and "choice: span_backward/per_span_split" in text
+    assert "fused_split: not supported: K = 1 span slot" in text and "choice: span_backward/tc_tiles" in text
 
 
 def test_every_subpackage_is_packaged() -> None:

@@ -251,7 +251,7 @@ def test_verify_and_bench_commands(tmp_path, capsys, monkeypatch, decode_workloa
         assert plot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     rows = json.loads(out.read_text())["rows"]
     assert rows[0]["label"] == "decode 64" and rows[0]["tuned_source"] == "explicit"
-    assert rows[0]["tuned_choice"] == "staged 16/1/1" and rows[0]["sdpa_ms"] > 0 and rows[0]["default_ms"] > 0
+    assert rows[0]["tuned_choice"] == "staged block_k=16 num_stages=1 num_warps=1" and rows[0]["sdpa_ms"] > 0 and rows[0]["default_ms"] > 0
 
 
 def test_tune_command_options(tmp_path, capsys) -> None:
