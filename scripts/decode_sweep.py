@@ -15,9 +15,9 @@ import json
 import torch
 from decode_compare import decode_cases, kernel_times
 
+from superlinear_ops.decode.grouped_kernels import grouped_decode_attention
 from superlinear_ops.decode.settings import DecodeSettings
 from superlinear_ops.decode.tables import decode_tables
-from superlinear_ops.decode.grouped_kernels import grouped_decode_attention
 from superlinear_ops.registry import REGISTRY
 from superlinear_ops.tuner.bench import lower_bound, sdpa_time
 from superlinear_ops.tuner.runner import ProblemBench, measure

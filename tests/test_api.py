@@ -94,8 +94,14 @@ def _bad_span_calls():
         "K on another device": (replace(K=lambda a: a["K"].to("meta")), ValueError, "K"),
         "batch differs": (replace(K=lambda a: torch.cat([a["K"], a["K"]]), V=lambda a: torch.cat([a["V"], a["V"]])), ValueError, "batch"),
         "head dim differs": (replace(K=lambda a: a["K"][..., :8], V=lambda a: a["V"][..., :8]), ValueError, "head dim"),
-        "head dim too large": (replace(Q2=lambda a: torch.zeros(B, HQ, LQ, 300), K=torch.zeros(B, HKV, LKV, 300), V=torch.zeros(B, HKV, LKV, 300)), ValueError, "head dim"),
-        "Hq not a multiple of Hkv": (replace(K=lambda a: a["K"][:, :1].expand(B, 3, LKV, D), V=lambda a: a["V"][:, :1].expand(B, 3, LKV, D)), ValueError, "multiple"),
+        "head dim too large": (
+            replace(Q2=lambda a: torch.zeros(B, HQ, LQ, 300), K=torch.zeros(B, HKV, LKV, 300), V=torch.zeros(B, HKV, LKV, 300)),
+            ValueError, "head dim",
+        ),
+        "Hq not a multiple of Hkv": (
+            replace(K=lambda a: a["K"][:, :1].expand(B, 3, LKV, D), V=lambda a: a["V"][:, :1].expand(B, 3, LKV, D)),
+            ValueError, "multiple",
+        ),
         "qstart float": (replace(qstart=lambda a: a["qstart"].float()), TypeError, "qstart"),
         "qend wrong shape": (replace(qend=lambda a: a["qend"][..., :1]), ValueError, "qend"),
         "cache_position length": (replace(cache_position=torch.tensor([1, 2])), ValueError, "cache_position"),

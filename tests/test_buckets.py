@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-
 import pytest
 
 from superlinear_ops.buckets import key_of, neighbours, next_power_of_two, query_bucket
