@@ -99,8 +99,12 @@ def test_an_explicit_cache_that_cannot_be_used_warns_once(tmp_path) -> None:
     (["explain", "--span-power", "nan"], "span_power must be a finite number"),
     (["tune", "tuning/quick.yaml", "--problems", "["], "--problems is not a valid regular expression"),
     (["tune", "tuning/quick.yaml", "--storage", "bogus://x"], "cannot use that storage"),
+    (["tune", "tuning/quick.yaml", "--storage", "{garbage}"], "cannot use that storage"),
 ])
-def test_cli_errors_are_one_line_with_exit_status_2(argv, message) -> None:
+def test_cli_errors_are_one_line_with_exit_status_2(argv, message, tmp_path) -> None:
+    garbage = tmp_path / "garbage.bin"
+    garbage.write_bytes(b"not a database" * 100)
+    argv = [arg.format(garbage=garbage) for arg in argv]
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     done = subprocess.run([sys.executable, "-m", "superlinear_ops.cli", *argv], cwd=root, capture_output=True,
                           text=True, timeout=300)
