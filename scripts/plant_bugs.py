@@ -71,7 +71,7 @@ PLANTS = {
     "tensor-core forward: window starts one key late": (WIN, "    row_lo = tl.maximum(pos - WINDOW + 1, 0)\n", "    row_lo = tl.maximum(pos - WINDOW + 2, 0)\n", f"{FWD} -k tc_tiles"),
     "tensor-core backward: span dV scaled by 1.01": (TCB, "        dv = tc_dot(tl.trans(operand(p, do, UPCAST)), do, UPCAST)\n", "        dv = tc_dot(tl.trans(operand(p, do, UPCAST)), do, UPCAST) * 1.01\n", f"{BWD} -k tc_tiles"),
     "tensor-core backward: span dQ dropped": (TCB, "dq * sm_scale, mask=dq_mask", "dq * sm_scale * 0.0, mask=dq_mask", f"{BWD} -k tc_tiles"),
-    "tensor-core backward: window weights ignore the smallest lse": (TCB, "        c = tl.minimum(c, tl.load(Lse_ptr + rows * K_SPANS + j, mask=row_ok, other=float(\"inf\")))\n", "        c = tl.minimum(c, tl.load(Lse_ptr + rows * K_SPANS + j, mask=row_ok, other=float(\"inf\"))) + 0.01\n", f"{BWD} -k tc_tiles"),
+    "tensor-core backward: window dO* of the combined row scaled by 1.01": (TCB, "        dos += tl.where(w[:, None] > 0.0, w[:, None] * do, 0.0)\n", "        dos += tl.where(w[:, None] > 0.0, w[:, None] * do * 1.01, 0.0)\n", f"{BWD} -k tc_tiles"),
     "reference window start off by one": (REF, "in_window = (keys >= (pos - window + 1).clamp(min=0))", "in_window = (keys >= (pos - window + 2).clamp(min=0))", f"{VARIANTS} -k reference"),
 }
 
