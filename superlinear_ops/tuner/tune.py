@@ -35,7 +35,7 @@ from tqdm import tqdm
 from ..buckets import key_of
 from ..cache.entry import TunedEntry
 from ..cache.provenance import current_provenance
-from ..cache.store import Store
+from ..cache.store import Store, sqlite_path
 from ..kernels.launch import KernelConfig
 from ..problem import device_identity
 from ..registry import REGISTRY
@@ -78,19 +78,11 @@ def _file_lock(path: pathlib.Path):
             fcntl.flock(handle.fileno(), fcntl.LOCK_UN)
 
 
-def _sqlite_file(url: str) -> pathlib.Path | None:
-    """The database file of a ``sqlite:///`` URL (None for other URLs and in-memory databases)."""
-    prefix = "sqlite:///"
-    if not url.startswith(prefix) or url[len(prefix):] in ("", ":memory:"):
-        return None
-    return pathlib.Path(url[len(prefix):].split("?", 1)[0])
-
-
 def _rdb_storage(url: str):
     """An RDBStorage whose first-time schema creation never races another process: a lock file
     beside a SQLite file serialises it; other databases retry Optuna's creation-race errors."""
     engine_kwargs = {"connect_args": {"timeout": 60}} if url.startswith("sqlite") else {}
-    sqlite_file = _sqlite_file(url)
+    sqlite_file = sqlite_path(url.split("?", 1)[0])
     if sqlite_file is not None:
         with _file_lock(sqlite_file.with_name(sqlite_file.name + ".lock")):
             return optuna.storages.RDBStorage(url, engine_kwargs=engine_kwargs)
