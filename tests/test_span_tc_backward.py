@@ -2,13 +2,11 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import pytest
 import torch
 from helpers import poisoned_allocations
+from tile_cases import TileCase, random_spans
 
-from superlinear_ops import geometry
 from superlinear_ops.kernels.launch import LaunchGeometry
 from superlinear_ops.kernels.span_tc_backward import SPAN_TC_BACKWARD_DEFAULTS, span_backward_tc
 from superlinear_ops.reference import span_backward_reference, span_forward_reference
@@ -22,55 +20,19 @@ GRAD_TOL = {torch.float32: 2e-5, torch.float16: 4e-3, torch.bfloat16: 4e-2}
 MIXED = {**SMALL, "window_block_m": 32, "span_block_m": 32}  # tiles of 32 rows, key blocks of 16
 
 
-def random_spans(gen, batch, heads, cache_position, n_spans, key_length, window, max_len):
-    """Random valid spans ending before each query's window (slots of rows with t <= W, and about a
-    quarter of the others, unused: -1)."""
-    pos = cache_position.clamp(max=key_length - 1).view(1, 1, -1, 1)
-    limit = (pos - window + 1).clamp(min=0) if window > 0 else pos + 1  # spans end before this
-    shape = (batch, heads, cache_position.numel(), n_spans)
-    end = (torch.rand(shape, generator=gen) * limit).floor().long()
-    start = (end - torch.randint(1, max_len + 1, shape, generator=gen) + 1).clamp(min=0)
-    unused = (torch.rand(shape, generator=gen) < 0.25) | (limit <= 0).expand(shape)
-    return torch.where(unused, -1, start), torch.where(unused, -1, end)
-
-
-@dataclass(frozen=True)
-class Case:
-    dtype: torch.dtype
-    batch: int
-    hq: int
-    hkv: int
-    lq: int
-    lkv: int
-    dim: int
-    spans: int
-    sw_index: int
-    search_power: float | None  # None: integer path (inv_search_power_int=2)
-    masked: bool
-    max_span: int
-    consecutive: bool  # cache_position = an arange ending at Lkv - 1 (training) or random
-    config: dict
-
-    @property
-    def window(self) -> int:
-        inv = None if self.search_power is not None else 2
-        return geometry.window_len_from_sw_index(self.sw_index, search_power=self.search_power,
-                                                 inv_search_power_int=inv)
-
-
 CASES = [
     # fp32, rep 2, B 2, float path (W 10), mask with holes, D 24, spans up to 45 keys crossing blocks
-    Case(torch.float32, 2, 4, 2, 24, 90, 24, 3, 3, 0.55, True, 45, False, SMALL),
+    TileCase(torch.float32, 2, 4, 2, 24, 90, 24, 3, 3, 0.55, True, 45, False, config=SMALL),
     # bf16, MHA, integer path (W 8), no mask, training positions, 32-row tiles over 16-key blocks
-    Case(torch.bfloat16, 1, 2, 2, 40, 40, 32, 2, 2, None, False, 30, True, MIXED),
+    TileCase(torch.bfloat16, 1, 2, 2, 40, 40, 32, 2, 2, None, False, 30, True, config=MIXED),
     # fp16, rep 4, one span, W 24 over 16-key blocks, mask, many rows with t <= W
-    Case(torch.float16, 1, 4, 1, 20, 64, 16, 1, 4, None, True, 40, False, SMALL),
+    TileCase(torch.float16, 1, 4, 1, 20, 64, 16, 1, 4, None, True, 40, False, config=SMALL),
     # fp32, rep 4, D 40, three spans, no window (sw_index 0), training positions
-    Case(torch.float32, 1, 4, 1, 48, 48, 40, 3, 0, None, True, 20, True, MIXED),
+    TileCase(torch.float32, 1, 4, 1, 48, 48, 40, 3, 0, None, True, 20, True, config=MIXED),
 ]
 
 
-def make_inputs(case: Case, gen: torch.Generator, share_spans: bool = True):
+def make_inputs(case: TileCase, gen: torch.Generator, share_spans: bool = True):
     shape_q = (case.batch, case.hq, case.lq, case.dim)
     shape_kv = (case.batch, case.hkv, case.lkv, case.dim)
     q = torch.randn(shape_q, generator=gen).to(case.dtype)
@@ -91,7 +53,7 @@ def make_inputs(case: Case, gen: torch.Generator, share_spans: bool = True):
     return q, k, v, qstart, qend, cache_position, mask
 
 
-def forward(case: Case, q, k, v, qstart, qend, cache_position, mask):
+def forward(case: TileCase, q, k, v, qstart, qend, cache_position, mask):
     """(out in the input dtype, lse2 fp32) from the float64 reference forward."""
     out, lse = span_forward_reference(q.double(), k.double(), v.double(), qstart, qend, cache_position, mask,
                                       case.window, return_lse=True)
@@ -115,7 +77,7 @@ def backward(geo: LaunchGeometry, config, out, lse, grad_out):
         return span_backward_tc(geo, config, out, lse, grad_out)
 
 
-def check_gradients(case: Case, inputs, gen: torch.Generator, geo_q=None) -> tuple[torch.Tensor, ...]:
+def check_gradients(case: TileCase, inputs, gen: torch.Generator, geo_q=None) -> tuple[torch.Tensor, ...]:
     q, k, v, qstart, qend, cache_position, mask = inputs
     out, lse = forward(case, *inputs)
     grad_out = torch.randn(out.shape, generator=gen, dtype=torch.float64)
@@ -131,7 +93,7 @@ def check_gradients(case: Case, inputs, gen: torch.Generator, geo_q=None) -> tup
 
 
 @pytest.mark.parametrize("case", CASES, ids=lambda c: f"{c.dtype}-rep{c.hq // c.hkv}-K{c.spans}-W{c.window}")
-def test_backward_matches_reference(case: Case, gen: torch.Generator) -> None:
+def test_backward_matches_reference(case: TileCase, gen: torch.Generator) -> None:
     check_gradients(case, make_inputs(case, gen), gen)
 
 
@@ -147,7 +109,7 @@ def test_spans_in_distinct_key_blocks_and_non_contiguous_q(gen: torch.Generator)
 
 def test_unattended_nan_keys_never_reach_a_gradient(gen: torch.Generator) -> None:
     """Static-cache tail past every position and masked-out keys hold NaN: gradients stay exact."""
-    case = Case(torch.float32, 1, 4, 2, 24, 100, 24, 3, 3, 0.55, True, 30, False, SMALL)
+    case = TileCase(torch.float32, 1, 4, 2, 24, 100, 24, 3, 3, 0.55, True, 30, False, config=SMALL)
     q, k, v, qstart, qend, cache_position, mask = make_inputs(case, gen)
     cache_position = cache_position.clamp(max=70)  # keys 71.. are the uninitialised tail
     qstart, qend = random_spans(gen, 1, 4, cache_position, 3, case.lkv, case.window, case.max_span)

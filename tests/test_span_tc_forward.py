@@ -2,30 +2,16 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import pytest
 import torch
 from cases import DTYPES, SPAN_CASES, SpanCase, check_span_properties, make_span_inputs
 from helpers import assert_close, poisoned_allocations
+from tile_cases import TileCase, random_spans
 
-from superlinear_ops import geometry
 from superlinear_ops.kernels.launch import LaunchGeometry
 from superlinear_ops.kernels.span_tc_forward import TC_FORWARD_DEFAULTS, span_forward_tc
 from superlinear_ops.kernels.span_tiles import clamped_span_bounds, span_tile_plan
 from superlinear_ops.reference import span_forward_reference
-
-
-def random_spans(gen, batch, heads, cache_position, n_spans, key_length, window, max_len):
-    """Random valid spans ending before each query's window (slots of rows with t <= W, and about a
-    quarter of the others, unused: -1)."""
-    pos = cache_position.clamp(max=key_length - 1).view(1, 1, -1, 1)
-    limit = (pos - window + 1).clamp(min=0) if window > 0 else pos + 1  # spans end before this
-    shape = (batch, heads, cache_position.numel(), n_spans)
-    end = (torch.rand(shape, generator=gen) * limit).floor().long()
-    start = (end - torch.randint(1, max_len + 1, shape, generator=gen) + 1).clamp(min=0)
-    unused = (torch.rand(shape, generator=gen) < 0.25) | (limit <= 0).expand(shape)
-    return torch.where(unused, -1, start), torch.where(unused, -1, end)
 
 
 def check_against_reference(case, out, lse, ref_out, ref_lse, dtype=None):
@@ -44,42 +30,19 @@ TINY = {  # 16-row tiles and 16-key blocks: every case crosses many tiles and ke
 }
 
 
-@dataclass(frozen=True)
-class Case:
-    dtype: torch.dtype
-    batch: int
-    hq: int
-    hkv: int
-    lq: int
-    lkv: int
-    dim: int
-    spans: int
-    sw_index: int
-    search_power: float | None  # None: integer path (inv_search_power_int=2)
-    masked: bool
-    max_span: int
-    consecutive: bool  # cache_position = a run of consecutive positions (prefill) or random ones
-    transposed_q: bool = False
-
-    @property
-    def window(self) -> int:
-        inv = None if self.search_power is not None else 2
-        return geometry.window_len_from_sw_index(self.sw_index, search_power=self.search_power, inv_search_power_int=inv)
-
-
 CASES = [
     # fp32, rep 2, float power path (W 17: windows over 2-3 key blocks), mask with holes, D 24, prefill chunk
-    Case(torch.float32, 2, 4, 2, 21, 80, 24, 3, 4, 0.55, True, 40, True),
+    TileCase(torch.float32, 2, 4, 2, 21, 80, 24, 3, 4, 0.55, True, 40, True),
     # bf16, MHA, integer path (W 24), no mask, random positions (some past the last key), transposed Q
-    Case(torch.bfloat16, 1, 2, 2, 12, 70, 32, 2, 4, None, False, 30, False, True),
+    TileCase(torch.bfloat16, 1, 2, 2, 12, 70, 32, 2, 4, None, False, 30, False, True),
     # fp16, rep 4, no window (sw_index 0), short spans (tiles that share few key blocks), D 40
-    Case(torch.float16, 1, 4, 1, 9, 64, 40, 3, 0, None, True, 3, False),
+    TileCase(torch.float16, 1, 4, 1, 9, 64, 40, 3, 0, None, True, 3, False),
     # fp32, rep 4, one span, integer path W 15, training-like positions 0.. (t <= W rows)
-    Case(torch.float32, 1, 4, 1, 40, 40, 16, 1, 3, None, True, 25, True),
+    TileCase(torch.float32, 1, 4, 1, 40, 40, 16, 1, 3, None, True, 25, True),
 ]
 
 
-def make_inputs(case: Case, gen: torch.Generator):
+def make_inputs(case: TileCase, gen: torch.Generator):
     shape_q = (case.batch, case.lq, case.hq, case.dim) if case.transposed_q else (case.batch, case.hq, case.lq, case.dim)
     q = torch.randn(shape_q, generator=gen).to(case.dtype)
     q = q.transpose(1, 2) if case.transposed_q else q
@@ -99,7 +62,7 @@ def make_inputs(case: Case, gen: torch.Generator):
     return q, k, v, qstart, qend, cache_position, mask
 
 
-def run_tc(case: Case, geo: LaunchGeometry, config=TINY):
+def run_tc(case: TileCase, geo: LaunchGeometry, config=TINY):
     """The forward into NaN-poisoned buffers, so that any unwritten element shows."""
     n = geo.qstart.shape[-1]
     out = torch.full((case.batch, case.hq, case.lq, n, case.dim), float("nan"), dtype=case.dtype)
@@ -108,7 +71,7 @@ def run_tc(case: Case, geo: LaunchGeometry, config=TINY):
 
 
 @pytest.mark.parametrize("case", CASES, ids=lambda c: f"{c.dtype}-rep{c.hq // c.hkv}-W{c.window}-D{c.dim}")
-def test_matches_reference(case: Case, gen: torch.Generator):
+def test_matches_reference(case: TileCase, gen: torch.Generator):
     inputs = make_inputs(case, gen)
     geo = LaunchGeometry.prepare(*inputs, case.window)
     out, lse = run_tc(case, geo)
@@ -120,7 +83,7 @@ def test_matches_reference(case: Case, gen: torch.Generator):
 
 def test_nan_rules(gen: torch.Generator):
     """NaN in unattended keys (static-cache tail, masked keys) stays out; NaN in Q or an attended key shows."""
-    case = Case(torch.bfloat16, 2, 4, 2, 16, 96, 32, 2, 4, None, True, 20, True)
+    case = TileCase(torch.bfloat16, 2, 4, 2, 16, 96, 32, 2, 4, None, True, 20, True)
     q, k, v, qstart, qend, cache_position, mask = make_inputs(case, gen)
     cache_position = cache_position - 20  # keys 76.. are an unfilled cache tail
     qstart, qend = random_spans(gen, case.batch, case.hq, cache_position, case.spans, case.lkv, case.window, 20)
@@ -152,7 +115,7 @@ def test_nan_rules(gen: torch.Generator):
 
 
 def test_rows_with_no_key_give_zeros_and_inf(gen: torch.Generator):
-    case = Case(torch.float32, 2, 2, 1, 10, 50, 16, 2, 3, None, True, 10, True)
+    case = TileCase(torch.float32, 2, 2, 1, 10, 50, 16, 2, 3, None, True, 10, True)
     q, k, v, qstart, qend, cache_position, mask = make_inputs(case, gen)
     mask[1] = False  # batch row 1 attends nothing at all
     geo = LaunchGeometry.prepare(q, k, v, qstart, qend, cache_position, mask, case.window)
@@ -162,7 +125,7 @@ def test_rows_with_no_key_give_zeros_and_inf(gen: torch.Generator):
 
 def test_default_config_runs(gen: torch.Generator):
     """The sm_90 defaults (128-row tiles) on a shape smaller than one tile."""
-    case = Case(torch.float32, 1, 2, 1, 5, 40, 16, 2, 2, None, False, 10, True)
+    case = TileCase(torch.float32, 1, 2, 1, 5, 40, 16, 2, 2, None, False, 10, True)
     inputs = make_inputs(case, gen)
     geo = LaunchGeometry.prepare(*inputs, case.window)
     out, lse = run_tc(case, geo, TC_FORWARD_DEFAULTS)
@@ -174,7 +137,7 @@ def test_default_config_runs(gen: torch.Generator):
     "change", [{"span_block_m": 8}, {"window_warps": 3}, {"span_stages": True}, {"window_block_n": None}]
 )
 def test_bad_config_raises(change, gen: torch.Generator):
-    case = Case(torch.float32, 1, 2, 1, 4, 20, 16, 1, 2, None, False, 4, True)
+    case = TileCase(torch.float32, 1, 2, 1, 4, 20, 16, 1, 2, None, False, 4, True)
     geo = LaunchGeometry.prepare(*make_inputs(case, gen), case.window)
     config = {**TINY, **change}
     if change.get("window_block_n", 0) is None:
@@ -198,7 +161,7 @@ def test_shared_span_cases(case: SpanCase, gen: torch.Generator):
 @pytest.mark.parametrize("start_block", [1, 16])
 def test_span_tile_plan_order(start_block: int, gen: torch.Generator):
     """Each group's plan is a permutation; empty spans last; starts sorted by block, then ends."""
-    case = Case(torch.float32, 2, 4, 2, 30, 200, 16, 3, 4, None, False, 60, True)
+    case = TileCase(torch.float32, 2, 4, 2, 30, 200, 16, 3, 4, None, False, 60, True)
     geo = LaunchGeometry.prepare(*make_inputs(case, gen), case.window)
     plan = span_tile_plan(geo, start_block)
     lo, hi = clamped_span_bounds(geo)
@@ -223,7 +186,7 @@ def test_span_tile_plan_order(start_block: int, gen: torch.Generator):
 def test_nan_key_stays_in_the_rows_that_attend_it(gen: torch.Generator):
     """A NaN key inside one row's span (streamed without per-row masks) never reaches a row of the
     same tile whose span is empty: that row gets its window alone."""
-    case = Case(torch.float32, 1, 1, 1, 4, 128, 16, 2, 3, None, False, 1, True)  # W = 15
+    case = TileCase(torch.float32, 1, 1, 1, 4, 128, 16, 2, 3, None, False, 1, True)  # W = 15
     q, k, v, _, _, cache_position, _ = make_inputs(case, gen)
     qstart = torch.full((1, 1, 4, 2), -1)
     qend = torch.full((1, 1, 4, 2), -1)
