@@ -62,11 +62,6 @@ def candidate_of(params: dict) -> tuple[str, KernelConfig]:
     return name, KernelConfig(values)
 
 
-def space_size(variants: list[Variant]) -> int:
-    """How many (variant, configuration) candidates the space holds."""
-    return sum(len(list(v.configs())) for v in variants)
-
-
 def make_sampler(settings: SearchSettings) -> optuna.samplers.BaseSampler:
     """The sampler named in ``settings``, seeded."""
     with warnings.catch_warnings():
