@@ -34,6 +34,10 @@ TCB = "superlinear_ops/kernels/span_tc_backward.py"
 GEO = "superlinear_ops/geometry.py"
 REF = "superlinear_ops/reference.py"
 VARIANTS = "tests/test_variants.py"
+LSK = "superlinear_ops/layer/search_kernel.py"
+LSR = "superlinear_ops/layer/search.py"
+LATT = "superlinear_ops/layer/attention.py"
+LAYER = "tests/test_layer.py"
 FWD = f"{VARIANTS} -k span_forward"
 BWD = f"{VARIANTS} -k span_backward"
 
@@ -72,6 +76,22 @@ PLANTS = {
     "tensor-core backward: span dV scaled by 1.01": (TCB, "        dv = tc_dot(tl.trans(operand(p, do, UPCAST)), do, UPCAST)\n", "        dv = tc_dot(tl.trans(operand(p, do, UPCAST)), do, UPCAST) * 1.01\n", f"{BWD} -k tc_tiles"),
     "tensor-core backward: span dQ dropped": (TCB, "dq * sm_scale, mask=dq_mask", "dq * sm_scale * 0.0, mask=dq_mask", f"{BWD} -k tc_tiles"),
     "tensor-core backward: window dO* of the combined row scaled by 1.01": (TCB, "        dos += tl.where(w[:, None] > 0.0, w[:, None] * do, 0.0)\n", "        dos += tl.where(w[:, None] > 0.0, w[:, None] * do * 1.01, 0.0)\n", f"{BWD} -k tc_tiles"),
+    "layer search ties: the nearer stripe wins": (LSK, "& ((score >= worst) & ok)[:, None]", "& ((score > worst) & ok)[:, None]", LAYER),
+    "layer search drops the stripe at key 0": (LSK, "torch.searchsorted(offsets, t, right=True)", "torch.searchsorted(offsets, t, right=False)", LAYER),
+    "layer search ignores the mask": (LSK, "ok = ok & (tl.load(mask_ptr + batch * stride_mb + loc, mask=ok, other=0) != 0)", "ok = ok", LAYER),
+    "layer search keeps the first slot only": (LSK, "take = is_worst & (best_key == worst_key[:, None])", "take = is_worst & (slot == 0)", LAYER),
+    "layer reference search ties: the nearer stripe wins": (LSR, "order = torch.sort(scores.flip(-1), dim=-1, descending=True, stable=True).indices[..., : settings.topk]\n        best = torch.gather(scores.flip(-1), -1, order)\n        stripe = n_stripes - 1 - order", "order = torch.sort(scores, dim=-1, descending=True, stable=True).indices[..., : settings.topk]\n        best = torch.gather(scores, -1, order)\n        stripe = order", LAYER),
+    "layer reference search drops the stripe at key 0": (LSR, "valid = (loc >= 0).expand(", "valid = (loc > 0).expand(", LAYER),
+    "layer gate: empty slots score +1e9": (LATT, "EMPTY_SCORE = -1e9", "EMPTY_SCORE = 1e9", LAYER),
+    "layer gate softmax over the queries": (LATT, "gate = torch.softmax(gate_scores(q1, k, anchors), dim=-1)", "gate = torch.softmax(gate_scores(q1, k, anchors), dim=2)", LAYER),
+    "layer gate scores carry no gradient into K": (LATT, "if ctx.needs_input_grad[1]:", "if False and ctx.needs_input_grad[1]:", LAYER),
+    "layer gate dK lands on the next key": (LATT, "d_k.index_add_(0, rows.reshape(-1),", "d_k.index_add_(0, (rows.reshape(-1) + 1) % k_rows.shape[0],", LAYER),
+    "layer gate scores scaled by 1/sqrt(D)": (LATT, "return (keys.to(cdt) * q1.to(cdt)[..., None, :]).sum(dim=-1)", "return (keys.to(cdt) * q1.to(cdt)[..., None, :]).sum(dim=-1) / q1.shape[-1] ** 0.5", LAYER),
+    "layer bf16 output scaled by 1.01": (LATT, "return (gate[..., None] * span_out.to(gate.dtype)).sum(dim=3).to(dtype)", "return ((gate[..., None] * span_out.to(gate.dtype)).sum(dim=3) * (1.01 if dtype == torch.bfloat16 else 1.0)).to(dtype)", LAYER),
+    "layer gate gradient scaled by 1.01": (LATT, "    return torch.where(anchors >= 0, scores, torch.full_like(scores, EMPTY_SCORE))", "    scores = scores + 0.01 * (scores - scores.detach())\n    return torch.where(anchors >= 0, scores, torch.full_like(scores, EMPTY_SCORE))", LAYER),
+    "layer span start uses t instead of t - s": (GEO, "back_len = span_length_table(backward_factor, span_power, key_length, qanchor.device)[distance]", "back_len = span_length_table(backward_factor, span_power, key_length, qanchor.device)[(distance + first_allowed[:, None]).clamp(max=key_length)]", LAYER),
+    "layer span end ignores the forward factor": (LATT, "settings.forward_factor, settings.span_power,\n    )", "0.0, settings.span_power,\n    )", LAYER),
+    "layer span start off by one": (GEO, "torch.maximum(qanchor.to(torch.int64) - back_len[:, None, :, None], first_allowed", "torch.maximum(qanchor.to(torch.int64) - back_len[:, None, :, None] + 1, first_allowed", LAYER),
     "reference window start off by one": (REF, "in_window = (keys >= (pos - window + 1).clamp(min=0))", "in_window = (keys >= (pos - window + 2).clamp(min=0))", f"{VARIANTS} -k reference"),
 }
 

@@ -1,6 +1,8 @@
 """superlinear-ops: fast, checked Superlinear span attention for NVIDIA GPUs (and CPU).
 
-The public functions are drop-in replacements for the ``superlinear`` 0.1.0 span API.
+The public functions are drop-in replacements for the ``superlinear`` 0.1.0 span and decode API
+(``api``) and its whole-layer prefill API (``layer_api``: ``superlinear_attention`` and the original
+names); ``patch_superlinear()`` points an installed original package at them.
 """
 
 from . import variants  # noqa: F401  (registers every kernel variant)
@@ -17,6 +19,16 @@ from .api import (
 from .cache.layers import use_cache
 from .dispatch import explain, select
 from .geometry import compute_qend_from_qanchor, max_stripe_index_for_token_pos, window_len_from_sw_index
+from .layer_api import (
+    fused_prefill_with_swtriton,
+    fused_prefill_with_swtriton_bucketed_gqa,
+    fused_prefill_with_swtriton_gqa,
+    prefill,
+    prefill_gqa,
+    prefill_mha,
+    superlinear_attention,
+)
+from .patch import patch_superlinear, unpatch_superlinear
 from .precompile import warmup
 from .problem import Problem
 
@@ -36,9 +48,18 @@ __all__ = [
     "decode_span_attention_staged",
     "decode_span_attention_staged_gqa",
     "fused_span_attention",
+    "fused_prefill_with_swtriton",
+    "fused_prefill_with_swtriton_bucketed_gqa",
+    "fused_prefill_with_swtriton_gqa",
     "fused_span_attention_gqa",
     "max_stripe_index_for_token_pos",
+    "patch_superlinear",
+    "prefill",
+    "prefill_gqa",
+    "prefill_mha",
     "span_attention",
     "span_attention_gqa",
+    "superlinear_attention",
+    "unpatch_superlinear",
     "window_len_from_sw_index",
 ]

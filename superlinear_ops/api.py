@@ -21,7 +21,7 @@ from .kernels.launch import check_block_k
 FORCE_MODES = (None, "sdpa", "span")
 
 
-def _positions(cache_position: torch.Tensor, key_length: int) -> torch.Tensor:
+def clamped_positions(cache_position: torch.Tensor, key_length: int) -> torch.Tensor:
     """cache_position clamped to [-1, Lkv - 1] (the same attention, SPEC section 2), so that the
     kernels' int32 cast never wraps a position past int32."""
     if cache_position.dtype == torch.int32:
@@ -72,7 +72,7 @@ def fused_span_attention_gqa(
         )
         validation.check_span_contract(qstart, qend, cache_position, K.shape[2], window)
     out, _ = torch_ops.span_forward(
-        Q2, K, V, qstart, qend, _positions(cache_position, K.shape[2]), attention_mask, sw_index, search_power,
+        Q2, K, V, qstart, qend, clamped_positions(cache_position, K.shape[2]), attention_mask, sw_index, search_power,
         inv_search_power_int, block_k,
     )
     return out
@@ -149,7 +149,7 @@ def decode_span_attention_staged_gqa(
     if force_mode == "sdpa":
         # Plain attention over keys [0, pos]: one span covering them, no window.
         batch, hq = Q2.shape[:2]
-        last = _positions(cache_position[-1:].to(torch.int64), K.shape[2])
+        last = clamped_positions(cache_position[-1:].to(torch.int64), K.shape[2])
         qend = last.view(1, 1, 1, 1).expand(batch, hq, 1, 1)
         out, _ = torch_ops.span_forward(
             Q2, K, V, torch.zeros_like(qend), qend, last, attention_mask, 0, None, 2, block_k

@@ -10,7 +10,7 @@ import sys
 from .devices import select_device
 
 DTYPES = ("float32", "bfloat16", "float16")
-OPS = ("span_forward", "span_backward", "staged_decode")
+OPS = ("span_forward", "span_backward", "staged_decode", "attention_layer")  # problem.OPS, without importing torch
 
 
 def _demo(args: argparse.Namespace) -> int:

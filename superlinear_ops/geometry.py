@@ -290,6 +290,41 @@ def span_length_table(factor: float, span_power: float, max_base: int, device: t
     )
 
 
+def span_distances(
+    batch: int,
+    cache_position: torch.Tensor,
+    key_length: int,
+    attention_mask: torch.Tensor | None,
+    table_length: int,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(pos [Lq], s [B], t - s [B, Lq]) for span lengths: pos = cache_position clamped to the keys,
+    s the first key the mask allows in each row (0 without a mask), t = pos + 1; the distance is
+    clamped to [0, table_length]. Tensor ops only, no sync."""
+    device = cache_position.device
+    pos = cache_position.to(torch.int64).clamp(0, key_length - 1)
+    if attention_mask is not None:
+        first_allowed = (attention_mask[:, :key_length] != 0).to(torch.int8).argmax(dim=1)
+    else:
+        first_allowed = torch.zeros(batch, dtype=torch.int64, device=device)
+    return pos, first_allowed, (pos[None, :] + 1 - first_allowed[:, None]).clamp(0, table_length)
+
+
+def span_starts(
+    qanchor: torch.Tensor,
+    cache_position: torch.Tensor,
+    key_length: int,
+    attention_mask: torch.Tensor | None,
+    backward_factor: float,
+    span_power: float,
+) -> torch.Tensor:
+    """Whole-layer span starts max(anchor - ceil(bf * (t - s) ** span_power), s) for anchors
+    [B, H, Lq, K] (SPEC section 7, step 2); -1 where the anchor is -1. Tensor ops only, no sync."""
+    _, first_allowed, distance = span_distances(qanchor.shape[0], cache_position, key_length, attention_mask, key_length)
+    back_len = span_length_table(backward_factor, span_power, key_length, qanchor.device)[distance]  # [B, Lq]
+    qstart = torch.maximum(qanchor.to(torch.int64) - back_len[:, None, :, None], first_allowed.view(-1, 1, 1, 1))
+    return torch.where(qanchor < 0, torch.full_like(qstart, -1), qstart)
+
+
 def span_ends(
     qanchor: torch.Tensor,
     cache_position: torch.Tensor,
@@ -308,13 +343,8 @@ def span_ends(
     if forward_factor == 0.0:
         return qanchor
     device = qanchor.device
-    pos = cache_position.to(device=device, dtype=torch.int64).clamp(0, key_length - 1)
-    if attention_mask is not None:
-        first_allowed = (attention_mask[:, :key_length] != 0).to(torch.int8).argmax(dim=1)
-    else:
-        first_allowed = torch.zeros(qanchor.shape[0], dtype=torch.int64, device=device)
     table_length = key_length if table_length is None else table_length
-    distance = (pos[None, :] + 1 - first_allowed[:, None]).clamp(0, table_length)  # [B, Lq]
+    pos, _, distance = span_distances(qanchor.shape[0], cache_position.to(device), key_length, attention_mask, table_length)
     forward_len = span_length_table(forward_factor, span_power, table_length, device)[distance]
     qend = qanchor.to(torch.int64) + forward_len[:, None, :, None]
     limit = pos if window == 0 else pos - window

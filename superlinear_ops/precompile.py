@@ -12,7 +12,8 @@ from collections.abc import Iterable
 import torch
 
 from . import api
-from .problem import SPAN_BACKWARD, STAGED_DECODE, Problem
+from .layer_api import superlinear_attention
+from .problem import ATTENTION_LAYER, SPAN_BACKWARD, STAGED_DECODE, Problem
 
 log = logging.getLogger(__name__)
 
@@ -39,6 +40,13 @@ def warmup_problem(problem: Problem, device: torch.device) -> None:
     if problem.op == STAGED_DECODE:
         bf, ff, sp = problem.factors
         api.decode_span_attention_staged_gqa(
+            x["q"], x["q"], x["k"], x["v"], x["cache_position"], x["mask"], problem.sw_index, problem.spans,
+            backward_factor=bf, forward_factor=ff, span_power=sp, **power,
+        )
+        return
+    if problem.op == ATTENTION_LAYER:
+        bf, ff, sp = problem.factors
+        superlinear_attention(
             x["q"], x["q"], x["k"], x["v"], x["cache_position"], x["mask"], problem.sw_index, problem.spans,
             backward_factor=bf, forward_factor=ff, span_power=sp, **power,
         )

@@ -18,10 +18,12 @@ from . import geometry
 SPAN_FORWARD = "span_forward"
 SPAN_BACKWARD = "span_backward"
 STAGED_DECODE = "staged_decode"
-OPS = (SPAN_FORWARD, SPAN_BACKWARD, STAGED_DECODE)
+ATTENTION_LAYER = "attention_layer"
+OPS = (SPAN_FORWARD, SPAN_BACKWARD, STAGED_DECODE, ATTENTION_LAYER)
 _DTYPE_NAMES = {dt: str(dt).removeprefix("torch.") for dt in (torch.float16, torch.bfloat16, torch.float32, torch.float64)}
 MAX_HEAD_DIM = 256
 DECODE_FACTORS = ("backward_factor", "forward_factor", "span_power")
+SEARCHING_OPS = (STAGED_DECODE, ATTENTION_LAYER)  # the ops that search: their span lengths come from DECODE_FACTORS
 
 
 class DeviceIdentity(NamedTuple):
@@ -70,7 +72,8 @@ class Problem(NamedTuple):
 
     ``spans`` is K (span slots per query; topk for decode). ``power`` is 'int<n>' on the integer
     path or 'float<p>' (``PowerParams.label``). ``factors`` holds what sizes decode's loops: (backward_factor,
-    forward_factor, span_power); empty for the span ops, whose span lengths come with the data.
+    forward_factor, span_power) for the ops that search (decode and the whole layer); empty for the span
+    ops, whose span lengths come with the data.
     """
 
     op: str
@@ -113,7 +116,7 @@ class Problem(NamedTuple):
         geometry.PowerParams.from_label(self.power)  # ValueError naming the power label
         if not isinstance(self.device, DeviceIdentity):
             raise TypeError(f"device must be a DeviceIdentity (see device_identity), got {self.device!r}")
-        names = DECODE_FACTORS if self.op == STAGED_DECODE else ()
+        names = DECODE_FACTORS if self.op in SEARCHING_OPS else ()
         if not isinstance(self.factors, tuple) or len(self.factors) != len(names):
             raise ValueError(f"factors must be ({', '.join(names)}) for {self.op}, got {self.factors!r}")
         for name, value in zip(names, self.factors):
@@ -174,3 +177,17 @@ class Problem(NamedTuple):
     ) -> "Problem":
         """The problem of a staged-decode call."""
         return cls.for_span(STAGED_DECODE, q, k, topk, masked, sw_index, power, factors)
+
+    @classmethod
+    def for_layer(
+        cls,
+        q1: torch.Tensor,
+        k: torch.Tensor,
+        topk: int,
+        masked: bool,
+        sw_index: int,
+        power: str,
+        factors: tuple[float, float, float],
+    ) -> "Problem":
+        """The problem of a whole-layer call (search, spans, window and gate)."""
+        return cls.for_span(ATTENTION_LAYER, q1, k, topk, masked, sw_index, power, factors)

@@ -1,6 +1,7 @@
 """The span ops as torch.library custom ops, each running the dispatcher's choice.
 
-``superlinear_ops::span_forward``, ``::span_backward`` and ``::staged_decode`` have fake (meta)
+``superlinear_ops::span_forward``, ``::span_backward``, ``::staged_decode`` and ``::layer_search`` (the
+whole layer's search; the rest of the layer is PyTorch ops around ``span_forward``) have fake (meta)
 implementations and autograd registration, so ``torch.compile(fullgraph=True)`` traces models
 that call them and ``torch.library.opcheck`` passes. Inputs arrive validated by ``api``.
 """
@@ -155,3 +156,35 @@ staged_decode = torch.library.custom_op(f"{NAMESPACE}::staged_decode", staged_de
 @staged_decode.register_fake
 def _staged_decode_fake(q1, q2, *args):
     return torch.empty_like(q2)
+
+
+@torch.library.custom_op(f"{NAMESPACE}::layer_search", mutates_args=())
+def layer_search(
+    q1: Tensor,
+    k: Tensor,
+    cache_position: Tensor,
+    attention_mask: Tensor | None,
+    sw_index: int,
+    topk: int,
+    backward_factor: float,
+    forward_factor: float,
+    span_power: float,
+    search_power: float | None,
+    inv_search_power_int: int | None,
+) -> Tensor:
+    """The whole layer's anchors [B, Hq, Lq, min(topk, stripes)] (int64, -1: empty slot) by the
+    dispatcher's search variant."""
+    params = _settings(search_power, inv_search_power_int)
+    factors = (backward_factor, forward_factor, span_power)
+    problem = Problem.for_layer(q1, k, topk, attention_mask is not None, sw_index, params.label, factors)
+    choice = dispatch.select(problem)
+    settings = DecodeSettings(sw_index, topk, backward_factor, forward_factor, span_power, params).for_keys(k.shape[2])
+    return choice.variant.launch(q1, k, cache_position, attention_mask, settings, choice.config)
+
+
+@layer_search.register_fake
+def _layer_search_fake(q1, k, cache_position, attention_mask, sw_index, topk, backward_factor, forward_factor,
+                       span_power, search_power, inv_search_power_int):
+    params = _settings(search_power, inv_search_power_int)
+    settings = DecodeSettings(sw_index, topk, backward_factor, forward_factor, span_power, params).for_keys(k.shape[2])
+    return q1.new_empty(*q1.shape[:3], settings.topk, dtype=torch.int64)

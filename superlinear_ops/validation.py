@@ -117,19 +117,32 @@ def check_span_inputs(q, k, v, qstart, qend, cache_position, attention_mask) -> 
     _mask(attention_mask, batch, lkv, q.device)
 
 
-def check_decode_inputs(q1, q2, k, v, cache_position, attention_mask, topk) -> None:
-    """Shape, dtype and device checks for staged decode (no sync)."""
-    batch, hq, lq, dim, _, lkv = _attention_tensors("Q2", q2, k, v)
+def _search_query(q1, q2, topk) -> None:
+    """Checks of what searching ops add to the attention inputs: Q1 like Q2, and topk."""
     q1 = _tensor("Q1", q1)
     if q1.shape != q2.shape:
         raise ValueError(f"Q1 must have Q2's shape {tuple(q2.shape)}, got {tuple(q1.shape)}")
     if q1.dtype != q2.dtype or q1.device != q2.device:
         raise TypeError(f"Q1 must match Q2's dtype and device ({q2.dtype}, {q2.device})")
-    if lq != 1:
-        raise ValueError(f"staged decode takes one query (Lq = 1), got Lq = {lq}")
     if isinstance(topk, bool) or not isinstance(topk, int) or topk < 1:
         raise ValueError(f"topk must be an int >= 1, got {topk!r}")
+
+
+def check_decode_inputs(q1, q2, k, v, cache_position, attention_mask, topk) -> None:
+    """Shape, dtype and device checks for staged decode (no sync)."""
+    batch, hq, lq, dim, _, lkv = _attention_tensors("Q2", q2, k, v)
+    _search_query(q1, q2, topk)
+    if lq != 1:
+        raise ValueError(f"staged decode takes one query (Lq = 1), got Lq = {lq}")
     _cache_position(cache_position, None, q2.device)
+    _mask(attention_mask, batch, lkv, q2.device)
+
+
+def check_layer_inputs(q1, q2, k, v, cache_position, attention_mask, topk) -> None:
+    """Shape, dtype and device checks for the whole layer (no sync)."""
+    batch, hq, lq, dim, _, lkv = _attention_tensors("Q2", q2, k, v)
+    _search_query(q1, q2, topk)
+    _cache_position(cache_position, lq, q2.device)
     _mask(attention_mask, batch, lkv, q2.device)
 
 

@@ -4,6 +4,8 @@ Launch signatures by op:
 - span_forward:  launch(geo: LaunchGeometry, config) -> (out [B,Hq,Lq,K,D], lse2 [B,Hq,Lq,K])
 - span_backward: launch(geo, config, out, lse2, grad_out) -> (dQ, dK, dV)
 - staged_decode: launch(q1, q2, k, v, cache_position, attention_mask, settings, config) -> out
+- attention_layer: launch(q1, k, cache_position, attention_mask, settings, config) -> anchors
+  [B, Hq, Lq, topk] (the layer's search; its spans run by the span ops' own dispatch, ``layer``)
 ``config`` is a ``KernelConfig`` holding exactly the names of the variant's declared ``space``.
 Each op also has a PyTorch-reference variant last in priority: the fallback that always works
 (CPU tensors, float64). Rules here read only what a problem's key holds (bucketed sizes: the
@@ -23,7 +25,8 @@ from .decode.settings import DecodeSettings
 from .decode.split_window import split_window_decode
 from .decode.staged import staged_decode
 from .kernels.launch import KernelConfig, LaunchGeometry
-from .problem import SPAN_BACKWARD, SPAN_FORWARD, STAGED_DECODE, Problem
+from .layer.search import search_reference
+from .problem import ATTENTION_LAYER, SPAN_BACKWARD, SPAN_FORWARD, STAGED_DECODE, Problem
 from .reference import span_backward_reference, span_forward_reference
 from .registry import REGISTRY, Param, Variant
 
@@ -69,6 +72,12 @@ TC_BACKWARD_SPACE = (
     Param("span_block_n", (32, 64)),
     Param("span_warps", (4, 8)),
     Param("span_stages", (2,)),
+)
+SEARCH_SPACE = (  # the layer's stripe search: queries and heads of one KV group per program
+    Param("block_q", (16, 32, 64)),
+    Param("block_h", (1, 2, 4, 8, 16)),
+    Param("num_warps", (4, 8)),
+    Param("num_stages", (1, 2, 3)),
 )
 MAX_TC_VALUES_PER_THREAD = 160  # fp32 accumulator + score values per thread of a tensor-core tile
 
@@ -129,6 +138,14 @@ def reference_reasons(problem: Problem) -> list[str]:
     return []
 
 
+def search_reasons(problem: Problem) -> list[str]:
+    """Why the Triton layer search cannot serve ``problem``."""
+    reasons = triton_reasons(problem)
+    if problem.spans > 64:
+        reasons.append(f"topk = {problem.spans} > 64 kept scores per query")
+    return reasons
+
+
 # --- static configuration checks --------------------------------------------------------------
 
 
@@ -178,6 +195,20 @@ def tile_check(tiles: dict, problem: Problem, config: KernelConfig) -> str | Non
             return f"{part} registers: about {values / (32 * warps):.0f} fp32 values per thread for {m}/{n} tiles on {warps} warps"
         if elements * element > limit:
             return f"{part} shared memory: about {elements * element} bytes for {stages} stages of {m}/{n} tiles > {limit}"
+    return None
+
+
+def search_check(problem: Problem, config: KernelConfig) -> str | None:
+    """Why a search configuration cannot run well: heads past the group, or registers (GPU only):
+    the rows' Q1 (16-bit pairs), their scores against the block's keys and the kept top-k."""
+    if config.block_h > next_power_of_two(problem.rep):
+        return f"block_h {config.block_h} > the {problem.rep} query heads of a KV group"
+    if not problem.device.is_gpu:
+        return None
+    rows = config.block_h * config.block_q
+    values = rows * (next_power_of_two(problem.head_dim) // 2 + config.block_q + 2 * next_power_of_two(problem.spans))
+    if values / (32 * config.num_warps) > MAX_TC_VALUES_PER_THREAD:
+        return f"registers: about {values / (32 * config.num_warps):.0f} values per thread (limit {MAX_TC_VALUES_PER_THREAD})"
     return None
 
 
@@ -250,6 +281,13 @@ def fitted(config: KernelConfig, tiles: dict, problem: Problem) -> KernelConfig:
     return config
 
 
+def search_default(problem: Problem) -> KernelConfig:
+    """Heuristic search tiles (``layer.search_kernel.search_default``)."""
+    from .layer.search_kernel import search_default as tiles  # imports Triton on first use only
+
+    return tiles(problem.rep, problem.head_dim)
+
+
 def reference_default(problem: Problem) -> KernelConfig:
     """The reference has nothing to configure."""
     return KernelConfig()
@@ -299,6 +337,13 @@ def reference_backward(geo, config, out, lse, grad_out):
     return span_backward_reference(
         geo.q, geo.k, geo.v, geo.qstart, geo.qend, geo.cache_position, geo.attention_mask, geo.window, grad_out
     )
+
+
+def tiled_search(q1, k, cache_position, attention_mask, settings: DecodeSettings, config: KernelConfig):
+    """The layer's Triton stripe search."""
+    from .layer.search_kernel import tiled_search as search
+
+    return search(q1, k, cache_position, attention_mask, settings, config)
 
 
 def staged_decode_with(span_forward, orchestration=staged_decode):
@@ -392,4 +437,16 @@ REGISTRY.register(Variant(
     op=STAGED_DECODE, name="staged_reference", launch=position_clamped(staged_decode_with(reference_forward)), space=(),
     reasons=reference_reasons, compile_check=no_check, default=reference_default, priority=100,
     description="stripe search and top-k in PyTorch, span attention by the PyTorch reference",
+))
+REGISTRY.register(Variant(
+    op=ATTENTION_LAYER, name="tiled_search", launch=tiled_search, space=SEARCH_SPACE, reasons=search_reasons,
+    compile_check=search_check, default=search_default, priority=0,
+    description="Triton stripe search: consecutive queries of several heads of a KV group per program share each "
+    "stripe's key rows; top-k in registers; spans and window by the span ops' dispatch, then the gate",
+))
+REGISTRY.register(Variant(
+    op=ATTENTION_LAYER, name="reference", launch=search_reference, space=(), reasons=lambda problem: [],
+    compile_check=no_check, default=reference_default, priority=100,
+    description="PyTorch stripe search (scores gathered in query chunks, stable sort for the ties); CPU, float64 "
+    "and fallback",
 ))

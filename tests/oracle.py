@@ -230,3 +230,81 @@ def staged_decode(q1, q2, k, v, cache_position, mask, params: DecodeParams):
             g = h // rep
             out[b, h, 0], traces[b, h] = decode_head(q1[b, h, 0], q2[b, h, 0], k[b, g], v[b, g], pos, allowed, params)
     return out, traces
+
+
+# --- the whole layer (prefill and training) ---------------------------------------------------
+
+EMPTY_GATE_SCORE = -1e9  # the gate score of an empty slot (SPEC section 7, step 4)
+
+
+@dataclass(frozen=True)
+class LayerTrace:
+    """What the oracle decided for one (b, h, q) of the whole layer: its valid stripes as (score,
+    stripe index i, key) best first (ties: larger i first), and the chosen (anchor, qstart, qend)."""
+
+    t: int
+    first_allowed: int
+    short_prefix: bool
+    candidates: list[tuple[float, int, int]]
+    chosen: list[tuple[int, int, int]]
+
+    @property
+    def anchors(self) -> list[int]:
+        return sorted(a for a, _, _ in self.chosen)
+
+
+def layer_head(q1, q2, k, v, pos: int, allowed, params: DecodeParams) -> tuple[torch.Tensor, LayerTrace]:
+    """The whole layer for one (b, h, q) (SPEC section 7): q1/q2 [D], k/v [Lkv, D] of its KV head.
+
+    Anchors are chosen on detached float64 scores (exact for inputs whose dot products are exact in
+    fp32); the output is differentiable in q1 (through the gate), q2, k and v.
+    """
+    key_length = k.shape[0]
+    pos = min(pos, key_length - 1)
+    t, window = pos + 1, params.window
+    first = next((x for x in range(key_length) if allowed(x)), 0)
+    if t <= window:
+        out = _attend(q2, k, v, [x for x in range(pos + 1) if allowed(x)])[0]
+        return out, LayerTrace(t, first, True, [], [])
+    candidates = []
+    for i, offset in enumerate(stripe_offsets(key_length, params.sw_index, params.power), start=params.sw_index + 1):
+        loc = t - offset
+        if 0 <= loc < key_length and allowed(loc):
+            candidates.append((float(q1.detach() @ k[loc].detach()), i, loc))
+    candidates.sort(reverse=True)  # by score, then the larger stripe index first
+    chosen = []
+    for _, _, anchor in candidates[: params.topk]:
+        start = max(anchor - ceil_scaled(params.backward_factor, t - first, params.span_power), first)
+        end = anchor
+        if params.forward_factor != 0.0:
+            reach = ceil_scaled(params.forward_factor, t - first, params.span_power)
+            end = min(anchor + reach, pos, key_length - 1, *([pos - window] if window > 0 else []))
+        chosen.append((anchor, start, end))
+    slots = chosen + [(-1, -1, -1)] * (params.topk - len(chosen))
+    scores, outs = [], []
+    for anchor, start, end in slots:
+        scores.append(q1 @ k[anchor] if anchor >= 0 else q1.new_tensor(EMPTY_GATE_SCORE))
+        outs.append(_attend(q2, k, v, attended_keys(start, end, pos, key_length, window, allowed))[0])
+    gate = torch.softmax(torch.stack(scores), 0)
+    return (gate[:, None] * torch.stack(outs)).sum(0), LayerTrace(t, first, False, candidates, chosen)
+
+
+def attention_layer(q1, q2, k, v, cache_position, mask, params: DecodeParams):
+    """The whole layer O [B, Hq, Lq, D] in float64 and the traces {(b, h, q): LayerTrace}.
+
+    Differentiable in q1, q2, k, v (pass float64 leaves that require grad); inputs of another
+    dtype are converted exactly.
+    """
+    q1, q2, k, v = (t if t.dtype == torch.float64 else t.double() for t in (q1, q2, k, v))
+    batch, hq, lq, _ = q1.shape
+    rep = hq // k.shape[1]
+    positions = cache_position.tolist()
+    outs, traces = [], {}
+    for b in range(batch):
+        allowed = _row_allowed(mask, b)
+        for h in range(hq):
+            g = h // rep
+            for i in range(lq):
+                out, traces[b, h, i] = layer_head(q1[b, h, i], q2[b, h, i], k[b, g], v[b, g], positions[i], allowed, params)
+                outs.append(out)
+    return torch.stack(outs).view(batch, hq, lq, -1), traces

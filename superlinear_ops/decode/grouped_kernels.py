@@ -32,7 +32,7 @@ import triton
 import triton.language as tl
 from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
-from ..kernels.common import LOG2E, tc_dot, window_bounds
+from ..kernels.common import LOG2E, attend_block, tc_dot, window_bounds
 from ..kernels.launch import key_value_pair, unit_stride
 
 NO_STRIPE = tl.constexpr(2**31 - 1)  # candidate stripe index that loses every tie
@@ -120,23 +120,8 @@ def _attend(
     m = tl.full((q.shape[0],), float("-inf"), tl.float32)
     l = tl.zeros((q.shape[0],), dtype=tl.float32)
     for start in range(lo, hi + 1, BLOCK_K):
-        offs_k = start + tl.arange(0, BLOCK_K)
-        valid = offs_k <= hi
-        if HAS_MASK:
-            valid = valid & (tl.load(mask_ptr + mask_base + offs_k, mask=valid, other=0) != 0)
-        offsets = kv_base + offs_k[:, None].to(tl.int64) * stride_kl + offs_d[None, :]
-        kv_mask = valid[:, None] & d_mask[None, :]
-        k = tl.load(K_ptr + offsets, mask=kv_mask, other=0.0)
-        v = tl.load(V_ptr + offsets, mask=kv_mask, other=0.0)
-        s2 = tc_dot(q, tl.trans(k), UPCAST) * qk_scale
-        s2 = tl.where(valid[None, :], s2, float("-inf"))
-        m_new = tl.maximum(m, tl.max(s2, axis=1))
-        m_ref = tl.where(m_new == float("-inf"), 0.0, m_new)
-        alpha = tl.exp2(m - m_ref)
-        p = tl.exp2(s2 - m_ref[:, None])
-        l = l * alpha + tl.sum(p, axis=1)
-        acc = acc * alpha[:, None] + tc_dot(p.to(v.dtype), v, UPCAST)
-        m = m_new
+        acc, m, l = attend_block(acc, m, l, q, K_ptr, V_ptr, kv_base, stride_kl, mask_ptr, mask_base, start, hi, lo, hi,
+                                 offs_d, d_mask, qk_scale, BLOCK_K, False, HAS_MASK, UPCAST)
     return acc, m, l
 
 

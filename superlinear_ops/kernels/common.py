@@ -32,6 +32,21 @@ def window_bounds(pos, WINDOW):
 
 
 @triton.jit
+def load_key_block(K_ptr, V_ptr, kv_base, stride_kl, mask_ptr, mask_base, offs_n, key_ok, offs_d, d_mask,
+                   HAS_MASK: tl.constexpr):
+    """K/V rows ``offs_n`` in their own dtype (zeros where not ``key_ok`` or masked out) and the
+    per-key validity (``key_ok`` and the attention mask)."""
+    if HAS_MASK:
+        allowed = tl.load(mask_ptr + mask_base + offs_n, mask=key_ok, other=0)
+        key_ok = key_ok & (allowed != 0)
+    offsets = kv_base + offs_n[:, None].to(tl.int64) * stride_kl + offs_d[None, :]
+    kv_mask = key_ok[:, None] & d_mask[None, :]
+    k = tl.load(K_ptr + offsets, mask=kv_mask, other=0.0)
+    v = tl.load(V_ptr + offsets, mask=kv_mask, other=0.0)
+    return k, v, key_ok
+
+
+@triton.jit
 def scored_block(
     q, K_ptr, V_ptr, kv_base, stride_kl, mask_ptr, mask_base,
     start, hi, offs_d, d_mask, qk_scale,
@@ -42,17 +57,12 @@ def scored_block(
     Returns (s2, k, v, offs_k, kv_mask): s2 is -inf where a key is past hi or masked out.
     """
     offs_k = start + tl.arange(0, BLOCK_K)
-    valid = offs_k <= hi
-    if HAS_MASK:
-        allowed = tl.load(mask_ptr + mask_base + offs_k, mask=valid, other=0)
-        valid = valid & (allowed != 0)
-    offsets = kv_base + offs_k[:, None].to(tl.int64) * stride_kl + offs_d[None, :]
-    kv_mask = valid[:, None] & d_mask[None, :]
-    k = tl.load(K_ptr + offsets, mask=kv_mask, other=0.0).to(tl.float32)
-    v = tl.load(V_ptr + offsets, mask=kv_mask, other=0.0).to(tl.float32)
+    k, v, valid = load_key_block(K_ptr, V_ptr, kv_base, stride_kl, mask_ptr, mask_base, offs_k, offs_k <= hi,
+                                 offs_d, d_mask, HAS_MASK)
+    k, v = k.to(tl.float32), v.to(tl.float32)
     s2 = tl.sum(k * q[None, :], axis=1) * qk_scale
     s2 = tl.where(valid, s2, float("-inf"))
-    return s2, k, v, offs_k, kv_mask
+    return s2, k, v, offs_k, valid[:, None] & d_mask[None, :]
 
 
 @triton.jit
@@ -66,3 +76,35 @@ def tc_dot(a, b, UPCAST: tl.constexpr):
     else:
         out = tl.dot(a, b, input_precision="ieee")
     return out
+
+
+@triton.jit
+def attend_block(
+    acc, m, l, q, K_ptr, V_ptr, kv_base, stride_kl, mask_ptr, mask_base,
+    start, tile_hi, row_lo, row_hi, offs_d, d_mask, qk_scale,
+    BLOCK_N: tl.constexpr, ROW_MASK: tl.constexpr, HAS_MASK: tl.constexpr, UPCAST: tl.constexpr,
+):
+    """One online-softmax step of a row tile over keys start..start+BLOCK_N-1 (up to ``tile_hi``).
+
+    Row r attends key j when row_lo[r] <= j <= row_hi[r] and the mask allows j; without
+    ``ROW_MASK`` every row attends the same keys (up to ``tile_hi``, as the mask allows). ``acc``/``m``/
+    ``l`` are the running (unnormalised output, log2 max, sum) of each row.
+    """
+    offs_n = start + tl.arange(0, BLOCK_N)
+    k, v, key_ok = load_key_block(K_ptr, V_ptr, kv_base, stride_kl, mask_ptr, mask_base, offs_n, offs_n <= tile_hi,
+                                  offs_d, d_mask, HAS_MASK)
+    s = tc_dot(q, tl.trans(k), UPCAST) * qk_scale
+    if ROW_MASK:
+        in_rows = (offs_n[None, :] >= row_lo[:, None]) & (offs_n[None, :] <= row_hi[:, None])
+        s = tl.where(in_rows & key_ok[None, :], s, float("-inf"))
+    else:
+        s = tl.where(key_ok[None, :], s, float("-inf"))
+    m_new = tl.maximum(m, tl.max(s, axis=1))
+    m_ref = tl.where(m_new == float("-inf"), 0.0, m_new)
+    alpha = tl.exp2(m - m_ref)
+    p = tl.exp2(s - m_ref[:, None])
+    l = l * alpha + tl.sum(p, axis=1)
+    # On the GPU p is rounded to V's dtype for the tensor cores (unbiased, 2**-9 relative for bf16);
+    # the interpreter's casts truncate (a 2**-9 bias), so there p stays fp32.
+    acc = acc * alpha[:, None] + tc_dot(p if UPCAST else p.to(v.dtype), v, UPCAST)
+    return acc, m_new, l

@@ -29,10 +29,10 @@ import torch
 import triton
 import triton.language as tl
 
-from .common import LOG2E, tc_dot
+from .common import LOG2E, load_key_block, tc_dot
 from .launch import LaunchGeometry, check_tile_config
 from .span_tiles import span_tile_plan
-from .window_tc_backward import _load_kv, operand, window_backward
+from .window_tc_backward import operand, window_backward
 
 SPAN_TC_BACKWARD_DEFAULTS: dict[str, int] = {  # sm_90 (H200), bf16, D = 128, model M: best of a 16K sweep
     "window_block_m": 32,  # queries per tile of the dK/dV kernel (keys per block of the dQ kernel)
@@ -121,7 +121,7 @@ def span_tile_backward_kernel(
     for start in range(tile_lo, tile_hi + 1, BLOCK_N):
         offs_n = start + tl.arange(0, BLOCK_N)
         in_range = offs_n <= tile_hi
-        k, v, key_ok = _load_kv(K_ptr, V_ptr, kv_base, stride_kl, mask_ptr, batch * stride_mb, offs_n,
+        k, v, key_ok = load_key_block(K_ptr, V_ptr, kv_base, stride_kl, mask_ptr, batch * stride_mb, offs_n,
                                 in_range, offs_d, d_mask, HAS_MASK)
         attend = (offs_n[None, :] >= lo[:, None]) & (offs_n[None, :] <= hi[:, None]) & key_ok[None, :]
         s2 = tc_dot(q, tl.trans(k), UPCAST) * qk_scale

@@ -23,48 +23,10 @@ import torch
 import triton
 import triton.language as tl
 
-from .common import LOG2E, tc_dot
+from .common import LOG2E, attend_block
 from .launch import LaunchGeometry
 
 NO_KEY = tl.constexpr(2**31 - 1)  # tile-range sentinel of a row that attends nothing
-
-
-@triton.jit
-def attend_block(
-    acc, m, l, q, K_ptr, V_ptr, kv_base, stride_kl, mask_ptr, mask_base,
-    start, tile_hi, row_lo, row_hi, offs_d, d_mask, qk_scale,
-    BLOCK_N: tl.constexpr, ROW_MASK: tl.constexpr, HAS_MASK: tl.constexpr, UPCAST: tl.constexpr,
-):
-    """One online-softmax step of a row tile over keys start..start+BLOCK_N-1 (up to ``tile_hi``).
-
-    Row r attends key j when row_lo[r] <= j <= row_hi[r] and the mask allows j; without
-    ``ROW_MASK`` the caller guarantees that the block lies inside every row's range. ``acc``/``m``/
-    ``l`` are the running (unnormalised output, log2 max, sum) of each row.
-    """
-    offs_n = start + tl.arange(0, BLOCK_N)
-    key_ok = offs_n <= tile_hi
-    if HAS_MASK:
-        allowed = tl.load(mask_ptr + mask_base + offs_n, mask=key_ok, other=0)
-        key_ok = key_ok & (allowed != 0)
-    offsets = kv_base + offs_n[:, None].to(tl.int64) * stride_kl + offs_d[None, :]
-    kv_mask = key_ok[:, None] & d_mask[None, :]
-    k = tl.load(K_ptr + offsets, mask=kv_mask, other=0.0)
-    v = tl.load(V_ptr + offsets, mask=kv_mask, other=0.0)
-    s = tc_dot(q, tl.trans(k), UPCAST) * qk_scale
-    if ROW_MASK:
-        in_rows = (offs_n[None, :] >= row_lo[:, None]) & (offs_n[None, :] <= row_hi[:, None])
-        s = tl.where(in_rows & key_ok[None, :], s, float("-inf"))
-    elif HAS_MASK:
-        s = tl.where(key_ok[None, :], s, float("-inf"))
-    m_new = tl.maximum(m, tl.max(s, axis=1))
-    m_ref = tl.where(m_new == float("-inf"), 0.0, m_new)
-    alpha = tl.exp2(m - m_ref)
-    p = tl.exp2(s - m_ref[:, None])
-    l = l * alpha + tl.sum(p, axis=1)
-    # On the GPU p is rounded to V's dtype for the tensor cores (unbiased, 2**-9 relative for bf16);
-    # the interpreter's casts truncate (a 2**-9 bias), so there p stays fp32.
-    acc = acc * alpha[:, None] + tc_dot(p if UPCAST else p.to(v.dtype), v, UPCAST)
-    return acc, m_new, l
 
 
 @triton.jit

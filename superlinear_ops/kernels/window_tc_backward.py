@@ -30,7 +30,7 @@ import torch
 import triton
 import triton.language as tl
 
-from .common import LOG2E, tc_dot
+from .common import LOG2E, load_key_block, tc_dot
 
 
 @triton.jit
@@ -42,20 +42,6 @@ def operand(x, like, UPCAST: tl.constexpr):
     else:
         out = x.to(like.dtype)
     return out
-
-
-@triton.jit
-def _load_kv(K_ptr, V_ptr, kv_base, stride_kl, mask_ptr, mask_base, offs_n, key_ok, offs_d, d_mask,
-             HAS_MASK: tl.constexpr):
-    """K/V rows offs_n (zeros where not key_ok or masked out) and the per-key validity."""
-    if HAS_MASK:
-        allowed = tl.load(mask_ptr + mask_base + offs_n, mask=key_ok, other=0)
-        key_ok = key_ok & (allowed != 0)
-    offsets = kv_base + offs_n[:, None].to(tl.int64) * stride_kl + offs_d[None, :]
-    kv_mask = key_ok[:, None] & d_mask[None, :]
-    k = tl.load(K_ptr + offsets, mask=kv_mask, other=0.0)
-    v = tl.load(V_ptr + offsets, mask=kv_mask, other=0.0)
-    return k, v, key_ok
 
 
 @triton.jit
@@ -93,7 +79,7 @@ def window_dkdv_kernel(
     offs_d = tl.arange(0, BLOCK_D)
     d_mask = offs_d < D_HEAD
     last_pos = tl.load(spos_ptr + L_Q - 1)
-    k, v, key_ok = _load_kv(K_ptr, V_ptr, batch * stride_kb + kv_head * stride_kh, stride_kl, mask_ptr,
+    k, v, key_ok = load_key_block(K_ptr, V_ptr, batch * stride_kb + kv_head * stride_kh, stride_kl, mask_ptr,
                             batch * stride_mb, offs_n, (offs_n < L_KV) & (offs_n <= last_pos), offs_d, d_mask,
                             HAS_MASK)
     dk = tl.zeros((BLOCK_N, BLOCK_D), dtype=tl.float32)
@@ -149,7 +135,7 @@ def window_dq_kernel(
     dq = tl.zeros((BLOCK_M, BLOCK_D), dtype=tl.float32)
     for start in range(tile_lo, tile_hi + 1, BLOCK_N):
         offs_n = start + tl.arange(0, BLOCK_N)
-        k, v, key_ok = _load_kv(K_ptr, V_ptr, kv_base, stride_kl, mask_ptr, batch * stride_mb, offs_n,
+        k, v, key_ok = load_key_block(K_ptr, V_ptr, kv_base, stride_kl, mask_ptr, batch * stride_mb, offs_n,
                                 offs_n <= tile_hi, offs_d, d_mask, HAS_MASK)
         attend = (offs_n[None, :] >= lo[:, None]) & (offs_n[None, :] <= hi[:, None]) & key_ok[None, :]
         s2 = tc_dot(q, tl.trans(k), UPCAST) * qk_scale

@@ -13,7 +13,7 @@ import torch
 import torch.nn.functional as F
 
 from .. import dispatch, geometry
-from ..problem import SPAN_BACKWARD, STAGED_DECODE, device_identity
+from ..problem import ATTENTION_LAYER, SPAN_BACKWARD, STAGED_DECODE, device_identity
 from .runner import CandidateFailed, ProblemBench, measure
 from .tune import unique_cases
 from .workload import Case, load
@@ -72,6 +72,10 @@ def lower_bound(case: Case) -> tuple[float, str]:
         flops = 4.0 * p.batch * p.q_heads * p.queries * p.spans * keys_per_span * p.head_dim
         out = p.batch * p.q_heads * p.queries * p.spans * p.head_dim
         bytes_ = (p.batch * (p.q_heads * p.queries + 2 * p.kv_heads * p.keys) * p.head_dim + out) * elem
+        if p.op == ATTENTION_LAYER:  # the search: one stripe key per (query head, query, stripe), and Q1
+            stripes = geometry.stripe_count(p.keys, p.sw_index, p.params) - p.sw_index
+            flops += 2.0 * p.batch * p.q_heads * p.queries * stripes * p.head_dim
+            bytes_ += p.batch * p.q_heads * p.queries * p.head_dim * elem
         if p.op == SPAN_BACKWARD:  # timed as forward + backward (see runner.run): 1 + 2.5 forwards
             flops *= 3.5
             bytes_ *= 3

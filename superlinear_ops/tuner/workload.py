@@ -14,10 +14,13 @@ from dataclasses import dataclass
 import yaml
 
 from .. import geometry
-from ..problem import SPAN_BACKWARD, SPAN_FORWARD, STAGED_DECODE, DeviceIdentity, Problem
+from ..problem import ATTENTION_LAYER, SPAN_BACKWARD, SPAN_FORWARD, STAGED_DECODE, DeviceIdentity, Problem
 
 DTYPES = ("float16", "bfloat16", "float32")
-KINDS = {"decode": ("context", "cache"), "prefill": ("chunk", "prefix"), "training": ("tokens",)}
+KINDS = {
+    "decode": ("context", "cache"), "prefill": ("chunk", "prefix"), "training": ("tokens",),
+    "layer_prefill": ("chunk", "keys"), "layer_training": ("tokens",),  # the whole layer (search, spans, gate)
+}
 TOP_FIELDS = ("name", "model", "span", "problems")
 MODEL_FIELDS = ("batch", "q_heads", "kv_heads", "head_dim", "dtype")
 SPAN_FIELDS = ("sw_index", "topk", "span_power", "backward_factor", "forward_factor", "search_power",
@@ -88,7 +91,8 @@ class Workload:
         )
 
     def cases(self, device: DeviceIdentity, only: str | None = None) -> list[Case]:
-        """Every op problem of the workload on ``device`` (training gives a forward and a backward).
+        """Every op problem of the workload on ``device`` (training gives a forward and a backward; the
+        layer kinds give the whole-layer problem, whose span parts use the span ops' entries).
 
         ``only`` keeps the cases whose label matches that regular expression.
         """
@@ -107,6 +111,12 @@ class Workload:
                 problem = Problem(STAGED_DECODE, spans=s["topk"], queries=1, keys=keys, masked="cache" in sizes,
                                   factors=factors, **common)
                 cases.append(Case(label, problem, factors, sizes["context"] if sizes.get("cache") else None))
+            elif kind.startswith("layer"):
+                queries, keys = (sizes["chunk"], sizes["keys"]) if kind == "layer_prefill" else (sizes["tokens"],) * 2
+                label = f"layer prefill {queries} over {keys}" if kind == "layer_prefill" else f"layer training {keys}"
+                problem = Problem(ATTENTION_LAYER, spans=s["topk"], queries=queries, keys=keys, masked=False,
+                                  factors=factors, **common)
+                cases.append(Case(label, problem, factors))
             elif kind == "prefill":
                 keys = sizes["prefix"] + sizes["chunk"]
                 problem = Problem(SPAN_FORWARD, spans=s["topk"], queries=sizes["chunk"], keys=keys, masked=False, **common)
@@ -198,6 +208,8 @@ def load(path: str | os.PathLike) -> Workload:
         for field in allowed:
             if field in sizes or field != "cache":
                 _int(path, sizes, field)
+        if kind == "layer_prefill" and sizes["chunk"] > sizes["keys"]:
+            raise _fail(path, _line(sizes, "chunk"), "layer_prefill: 'chunk' must be <= 'keys' (the chunk's keys are among them)")
         if kind == "decode" and sizes.get("cache") and sizes["cache"] < sizes["context"]:
             raise _fail(path, _line(sizes, "cache"), "decode: 'cache' must be >= 'context'")
         entries.append({"kind": kind, "sizes": _strip(sizes)})

@@ -1,0 +1,97 @@
+"""Steps 2-5 of the whole layer around any search: spans from the anchors, span + window attention,
+and the gate (SPEC section 7).
+
+Differentiable in Q1 (through the gate scores), Q2, K and V: the anchors carry no gradient, the
+span attention's gradient comes from its own op, and the gate scores v_j = Q1 . K[anchor_j] are
+recomputed here with autograd. The short-prefix rule needs nothing extra: when t <= W no stripe
+precedes the window, every slot is empty, every O_j is the causal attention over [0, pos] and
+the uniform gate returns it. No host synchronisation.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import torch
+
+from .. import geometry
+from ..decode.settings import DecodeSettings
+
+EMPTY_SCORE = -1e9  # the gate score of an empty slot (SPEC section 7, step 4)
+
+# span_attention(qstart, qend) -> per-span outputs [B, Hq, Lq, K, D] (window included in each)
+SpanAttention = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
+
+
+def layer_spans(
+    anchors: torch.Tensor,
+    cache_position: torch.Tensor,
+    key_length: int,
+    attention_mask: torch.Tensor | None,
+    settings: DecodeSettings,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """(qstart, qend) [B, Hq, Lq, topk] of the anchors (step 2): -1 where the anchor is -1."""
+    qstart = geometry.span_starts(
+        anchors, cache_position, key_length, attention_mask, settings.backward_factor, settings.span_power
+    )
+    qend = geometry.span_ends(
+        anchors, cache_position, key_length, settings.window_for(key_length), attention_mask,
+        settings.forward_factor, settings.span_power,
+    )
+    return qstart, qend.to(torch.int64)
+
+
+class _GateScores(torch.autograd.Function):
+    """v = Q1 . K[rows] per slot, in ``cdt``, with a hand-written backward: dQ1 = sum_j dv_j K[row_j],
+    and dK by an fp32 index_add whose atomics take the many slots that share a row far faster than
+    the sort of an indexed write or bf16 atomics (no batched matrix products of 1-row matrices)."""
+
+    @staticmethod
+    def forward(ctx, q1: torch.Tensor, k_rows: torch.Tensor, rows: torch.Tensor, cdt: torch.dtype) -> torch.Tensor:
+        ctx.save_for_backward(q1, k_rows, rows)
+        ctx.cdt = cdt
+        keys = k_rows.index_select(0, rows.reshape(-1)).view(*rows.shape, -1)  # [B, Hq, Lq, topk, D]
+        return (keys.to(cdt) * q1.to(cdt)[..., None, :]).sum(dim=-1)
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor):
+        q1, k_rows, rows = ctx.saved_tensors
+        grad = grad.to(ctx.cdt)
+        d_q1 = d_k = None
+        if ctx.needs_input_grad[0]:
+            keys = k_rows.index_select(0, rows.reshape(-1)).view(*rows.shape, -1)
+            d_q1 = (grad[..., None] * keys.to(ctx.cdt)).sum(dim=-2).to(q1.dtype)
+        if ctx.needs_input_grad[1]:
+            d_k = torch.zeros(k_rows.shape, dtype=torch.promote_types(ctx.cdt, torch.float32), device=k_rows.device)
+            d_k.index_add_(0, rows.reshape(-1), (grad[..., None] * q1.to(ctx.cdt)[..., None, :]).reshape(-1, k_rows.shape[1]))
+            d_k = d_k.to(k_rows.dtype)
+        return d_q1, d_k, None, None
+
+
+def gate_scores(q1: torch.Tensor, k: torch.Tensor, anchors: torch.Tensor) -> torch.Tensor:
+    """v_j = Q1[b, h, q] . K[b, kv(h), anchor_j] [B, Hq, Lq, topk], fp32 (float64 for float64 inputs),
+    EMPTY_SCORE where the anchor is -1; differentiable in Q1 and K."""
+    batch, hq, lq, slots = anchors.shape
+    hkv, lkv = k.shape[1], k.shape[2]
+    cdt = torch.float64 if q1.dtype == torch.float64 else torch.float32
+    rows = torch.arange(batch * hkv, device=k.device).view(batch, hkv, 1, 1, 1) * lkv
+    rows = rows.expand(batch, hkv, hq // hkv, lq, slots).reshape(batch, hq, lq, slots) + anchors.clamp(min=0)
+    scores = _GateScores.apply(q1, k.reshape(batch * hkv * lkv, -1), rows, cdt)
+    return torch.where(anchors >= 0, scores, torch.full_like(scores, EMPTY_SCORE))
+
+
+def attention_layer(
+    q1: torch.Tensor,
+    k: torch.Tensor,
+    anchors: torch.Tensor,
+    cache_position: torch.Tensor,
+    attention_mask: torch.Tensor | None,
+    settings: DecodeSettings,
+    span_attention: SpanAttention,
+    dtype: torch.dtype,
+) -> torch.Tensor:
+    """O [B, Hq, Lq, D] in ``dtype`` from the search's anchors [B, Hq, Lq, topk] (steps 2-5)."""
+    qstart, qend = layer_spans(anchors, cache_position, k.shape[2], attention_mask, settings)
+    span_out = span_attention(qstart, qend)  # [B, Hq, Lq, topk, D]
+    gate = torch.softmax(gate_scores(q1, k, anchors), dim=-1)
+    return (gate[..., None] * span_out.to(gate.dtype)).sum(dim=3).to(dtype)

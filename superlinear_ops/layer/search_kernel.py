@@ -1,0 +1,135 @@
+"""The whole layer's stripe search in Triton (SPEC section 7, step 1).
+
+One program holds ``BLOCK_Q`` queries of ``BLOCK_H`` heads of one KV group: ``BLOCK_H * BLOCK_Q``
+rows, row r = (head r // BLOCK_Q, query r % BLOCK_Q). It walks the stripes in increasing order.
+For stripe i it gathers one key row per query, K[t_q - floor(i ** inv_p)] (consecutive rows when
+the positions are consecutive; neighbouring query blocks read neighbouring rows at about the same
+time), and scores all rows against all those keys with one tensor-core dot: the wanted score of
+row r is the diagonal entry (r, r % BLOCK_Q), so the dot wastes BLOCK_Q - 1 of every BLOCK_Q
+products but runs at the tensor-core rate and reads each key row once for the group's heads.
+Products of 16-bit inputs are exact in fp32 and summed in fp32 (fp32 inputs: IEEE fp32 dots).
+
+Each row keeps its best ``TOPK`` (score, key) pairs in registers: a new score replaces the worst
+kept one when it is at least as large, the worst being the lowest score and, among equal lowest
+scores, the nearest key (the smallest stripe index), so among equal scores the farther stripe
+wins. A NaN score counts as +inf. No host synchronisation.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from ..buckets import next_power_of_two
+from ..decode.settings import DecodeSettings
+from ..kernels.common import tc_dot
+from ..kernels.launch import KernelConfig, check_tile_config, mask_bytes, unit_stride
+from .search import stripe_offsets_and_lengths
+
+SEARCH_TUNABLES = ("block_q", "block_h", "num_warps", "num_stages")
+EMPTY_SLOT = tl.constexpr(-(1 << 30))  # padding slots' key: never the worst, never an anchor
+
+
+@triton.jit
+def layer_search_kernel(
+    Q1_ptr, K_ptr, pos_ptr, count_ptr, offsets_ptr, mask_ptr, anchor_ptr,
+    stride_qb, stride_qh, stride_ql, stride_kb, stride_kh, stride_kl, stride_mb,
+    H_Q, L_Q, REP, N_HEAD_BLOCKS,
+    TOPK: tl.constexpr, TOPK_PAD: tl.constexpr, D_HEAD: tl.constexpr, BLOCK_D: tl.constexpr,
+    BLOCK_Q: tl.constexpr, BLOCK_H: tl.constexpr, HAS_MASK: tl.constexpr, UPCAST: tl.constexpr,
+):
+    BLOCK_M: tl.constexpr = BLOCK_H * BLOCK_Q
+    q_block = tl.program_id(0)
+    kv_head = tl.program_id(1) // N_HEAD_BLOCKS
+    head_block = tl.program_id(1) % N_HEAD_BLOCKS
+    batch = tl.program_id(2).to(tl.int64)
+    offs_d = tl.arange(0, BLOCK_D)
+    d_mask = offs_d < D_HEAD
+    # Key rows: one per query of the block.
+    offs_k = q_block * BLOCK_Q + tl.arange(0, BLOCK_Q)
+    t_k = tl.load(pos_ptr + offs_k, mask=offs_k < L_Q, other=-1) + 1
+    n_k = tl.load(count_ptr + offs_k, mask=offs_k < L_Q, other=0)  # stripes with loc >= 0
+    # Score rows: (head, query) pairs.
+    rows = tl.arange(0, BLOCK_M)
+    local_head = head_block * BLOCK_H + rows // BLOCK_Q
+    offs_q = q_block * BLOCK_Q + rows % BLOCK_Q
+    row_ok = (local_head < REP) & (offs_q < L_Q)
+    t_r = tl.load(pos_ptr + offs_q, mask=row_ok, other=-1) + 1
+    n_r = tl.load(count_ptr + offs_q, mask=row_ok, other=0)
+    heads = (kv_head * REP + local_head).to(tl.int64)
+    q1 = tl.load(Q1_ptr + batch * stride_qb + heads[:, None] * stride_qh + offs_q[:, None].to(tl.int64) * stride_ql
+                 + offs_d[None, :], mask=row_ok[:, None] & d_mask[None, :], other=0.0)
+    diagonal = (rows % BLOCK_Q)[:, None] == tl.arange(0, BLOCK_Q)[None, :]
+    kv_base = batch * stride_kb + kv_head.to(tl.int64) * stride_kh
+
+    slot = tl.arange(0, TOPK_PAD)[None, :]
+    zeros = tl.zeros((BLOCK_M, TOPK_PAD), dtype=tl.int32)
+    best = tl.where(slot < TOPK, float("-inf"), float("inf")) + zeros.to(tl.float32)
+    best_key = tl.where(slot < TOPK, -1 - slot, EMPTY_SLOT) + zeros  # distinct: one worst slot at a time
+
+    for j in range(0, tl.max(n_k, axis=0)):
+        offset = tl.load(offsets_ptr + j).to(tl.int32)
+        loc_k = t_k - offset
+        key_ok = j < n_k
+        if HAS_MASK:
+            key_ok = key_ok & (tl.load(mask_ptr + batch * stride_mb + loc_k, mask=key_ok, other=0) != 0)
+        keys = tl.load(K_ptr + kv_base + loc_k[:, None].to(tl.int64) * stride_kl + offs_d[None, :],
+                       mask=key_ok[:, None] & d_mask[None, :], other=0.0)
+        scores = tc_dot(q1, tl.trans(keys), UPCAST)  # [BLOCK_M, BLOCK_Q]; row r wants column r % BLOCK_Q
+        score = tl.sum(tl.where(diagonal, scores, 0.0), axis=1)
+        score = tl.where(score != score, float("inf"), score)
+        loc = t_r - offset
+        ok = j < n_r
+        if HAS_MASK:
+            ok = ok & (tl.load(mask_ptr + batch * stride_mb + loc, mask=ok, other=0) != 0)
+        worst = tl.min(best, axis=1)
+        is_worst = best == worst[:, None]
+        worst_key = tl.max(tl.where(is_worst, best_key, EMPTY_SLOT), axis=1)  # nearest key among the worst
+        take = is_worst & (best_key == worst_key[:, None]) & ((score >= worst) & ok)[:, None]
+        best = tl.where(take, score[:, None], best)
+        best_key = tl.where(take, loc[:, None] + zeros, best_key)
+
+    anchors = tl.where(best_key >= 0, best_key, -1).to(tl.int64)
+    out = ((batch * H_Q + heads[:, None]) * L_Q + offs_q[:, None].to(tl.int64)) * TOPK + slot
+    tl.store(anchor_ptr + out, anchors, mask=row_ok[:, None] & (slot < TOPK))
+
+
+def search_default(rep: int, head_dim: int) -> KernelConfig:
+    """Heuristic tiles: 16 queries of up to 8 heads of a group per program (a 128-row dot), 4 warps
+    (8 past D = 128), 2 stages."""
+    return KernelConfig(block_q=16, block_h=min(8, next_power_of_two(rep)), num_warps=4 if head_dim <= 128 else 8,
+                        num_stages=2)
+
+
+def tiled_search(
+    q1: torch.Tensor,
+    k: torch.Tensor,
+    cache_position: torch.Tensor,
+    attention_mask: torch.Tensor | None,
+    settings: DecodeSettings,
+    config: KernelConfig,
+) -> torch.Tensor:
+    """Anchors [B, Hq, Lq, topk] (int64, -1: empty slot) for validated inputs (see the module docstring)."""
+    check_tile_config(config, SEARCH_TUNABLES)
+    batch, hq, lq, dim = q1.shape
+    hkv, lkv = k.shape[1], k.shape[2]
+    rep = hq // hkv
+    anchors = torch.empty(batch, hq, lq, settings.topk, dtype=torch.int64, device=q1.device)
+    if anchors.numel() == 0:
+        return anchors
+    offsets, t = stripe_offsets_and_lengths(cache_position, lkv, settings)
+    count = torch.searchsorted(offsets, t, right=True).to(torch.int32)  # stripes with loc >= 0
+    q1, k = unit_stride(q1), unit_stride(k)
+    mask = mask_bytes(attention_mask, q1.device)
+    head_blocks = triton.cdiv(rep, config.block_h)
+    grid = (triton.cdiv(lq, config.block_q), hkv * head_blocks, batch)
+    layer_search_kernel[grid](
+        q1, k, (t - 1).to(torch.int32).contiguous(), count, offsets, mask, anchors,
+        q1.stride(0), q1.stride(1), q1.stride(2), k.stride(0), k.stride(1), k.stride(2), mask.stride(0),
+        hq, lq, rep, head_blocks,
+        TOPK=settings.topk, TOPK_PAD=next_power_of_two(settings.topk), D_HEAD=dim, BLOCK_D=max(16, next_power_of_two(dim)),
+        BLOCK_Q=config.block_q, BLOCK_H=config.block_h, HAS_MASK=attention_mask is not None,
+        UPCAST=q1.device.type == "cpu", num_warps=config.num_warps, num_stages=config.num_stages,
+    )
+    return anchors

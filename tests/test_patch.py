@@ -1,0 +1,217 @@
+"""patch_superlinear: the original ``superlinear`` 0.1.0 package's public functions, on every public
+module that binds them, route to these ops (and unpatch_superlinear puts the originals back)."""
+
+from __future__ import annotations
+
+import importlib
+import logging
+import sys
+
+import pytest
+import torch
+
+import superlinear_ops
+from superlinear_ops import api, dispatch
+from superlinear_ops.patch import patch_superlinear, unpatch_superlinear
+
+pytest.importorskip(
+    "superlinear.kernels.superlinear.attention.api",
+    reason="the original package superlinear==0.1.0 is not installed (it is in the test extras, which CI installs)",
+)
+import superlinear  # noqa: E402  (the original, only once importorskip found it)
+
+SPAN = "superlinear.kernels.superlinear.span"
+ATTENTION = "superlinear.kernels.superlinear.attention"
+SPAN_NAMES = (
+    "fused_span_attention",
+    "fused_span_attention_gqa",
+    "span_attention",
+    "span_attention_gqa",
+    "decode_span_attention_staged",
+    "decode_span_attention_staged_gqa",
+    "decode_span_attention",
+    "decode_span_attention_gqa",
+)
+LAYER_NAMES = (
+    "prefill",
+    "prefill_gqa",
+    "prefill_mha",
+    "fused_prefill_with_swtriton_gqa",
+    "fused_prefill_with_swtriton",
+    "fused_prefill_with_swtriton_bucketed_gqa",
+)
+STAGED = ("decode_span_attention_staged", "decode_span_attention_staged_gqa")  # re-exported by attention
+# Where the 0.1.0 wheel binds each replaced name (its __init__ files and api modules).
+BOUND = {
+    f"{SPAN}.api": SPAN_NAMES,
+    SPAN: SPAN_NAMES,
+    f"{ATTENTION}.api": LAYER_NAMES + STAGED,
+    ATTENTION: LAYER_NAMES + STAGED,
+    "superlinear": (
+        "fused_prefill_with_swtriton_gqa",
+        "fused_prefill_with_swtriton_bucketed_gqa",
+        "prefill",
+        "prefill_gqa",
+        "prefill_mha",
+        *SPAN_NAMES[2:],  # all but fused_span_attention(_gqa)
+    ),
+}
+# Public names patch_superlinear must leave alone (other paths, aliases that look their target up).
+UNTOUCHED = {
+    f"{ATTENTION}.api": ("build_sw_blockmask", "fused_prefill_with_swflex", "fused_prefill_with_swflex_gqa", "decode_attention_gqa"),
+    ATTENTION: ("build_sw_blockmask", "prefill_bucketed_gqa", "full_span_attention_fused_with_search_values_gqa"),
+    f"{SPAN}.api": ("create_span_mask", "compute_qend_from_qanchor"),
+    "superlinear": ("span_search", "prefill_bucketed_gqa", "decode_attention_gqa", "window_len_from_sw_index"),
+}
+SW_INDEX, INV_POWER = 3, 2  # W = 15
+
+
+def module(name: str):
+    return importlib.import_module(name)
+
+
+def snapshot(table: dict[str, tuple[str, ...]]) -> dict[str, object]:
+    """The current object bound at every "module.name" of ``table``."""
+    return {f"{m}.{n}": getattr(module(m), n) for m, names in table.items() for n in names}
+
+
+ORIGINALS = snapshot(BOUND)  # taken at import, before any test patched anything
+
+
+@pytest.fixture(autouse=True)
+def always_unpatched():
+    """Every test starts and ends with the original's own functions in place."""
+    unpatch_superlinear()
+    yield
+    unpatch_superlinear()
+
+
+@pytest.fixture
+def select_calls(monkeypatch) -> list:
+    """The problems the dispatcher is asked about (a spy around dispatch.select)."""
+    calls = []
+    real = dispatch.select
+
+    def spy(problem, block_k=None):
+        calls.append(problem)
+        return real(problem, block_k)
+
+    monkeypatch.setattr(dispatch, "select", spy)
+    return calls
+
+
+def test_span_functions_are_replaced_where_the_original_binds_them(caplog) -> None:
+    with caplog.at_level(logging.INFO, logger="superlinear_ops"):
+        replaced = patch_superlinear()
+    import superlinear.kernels.superlinear.span.api as original_span_api
+
+    assert original_span_api.fused_span_attention_gqa is superlinear_ops.api.fused_span_attention_gqa
+    for module_name in (f"{SPAN}.api", SPAN):
+        for name in SPAN_NAMES:
+            assert getattr(module(module_name), name) is getattr(api, name), f"{module_name}.{name}"
+            assert replaced[f"{module_name}.{name}"] == f"superlinear_ops.api.{name}"
+    assert superlinear.span_attention_gqa is api.span_attention_gqa
+    [record] = [r for r in caplog.records if r.name == "superlinear_ops" and r.levelno == logging.INFO]
+    assert f"{SPAN}.api.fused_span_attention_gqa -> superlinear_ops.api.fused_span_attention_gqa" in record.getMessage()
+
+
+def test_layer_functions_are_replaced_where_the_original_binds_them() -> None:
+    replaced = patch_superlinear()
+    layer_api = importlib.import_module("superlinear_ops.layer_api")
+
+    assert superlinear.kernels.superlinear.attention.prefill is layer_api.prefill
+    for module_name in (f"{ATTENTION}.api", ATTENTION):
+        for name in LAYER_NAMES:
+            assert getattr(module(module_name), name) is getattr(layer_api, name), f"{module_name}.{name}"
+            assert replaced[f"{module_name}.{name}"] == f"superlinear_ops.layer_api.{name}"
+        for name in STAGED:  # the decode names attention re-exports are the span API's
+            assert getattr(module(module_name), name) is getattr(api, name), f"{module_name}.{name}"
+            assert replaced[f"{module_name}.{name}"] == f"superlinear_ops.api.{name}"
+    assert superlinear.fused_prefill_with_swtriton_gqa is layer_api.fused_prefill_with_swtriton_gqa
+
+
+def test_exactly_the_public_bindings_are_replaced() -> None:
+    untouched = snapshot(UNTOUCHED)
+    replaced = patch_superlinear()
+    layer_api = importlib.import_module("superlinear_ops.layer_api")
+
+    ours = {name: f"superlinear_ops.api.{name}" for name in SPAN_NAMES}
+    ours |= {name: f"superlinear_ops.layer_api.{name}" for name in LAYER_NAMES}
+    assert replaced == {f"{m}.{n}": ours[n] for m, names in BOUND.items() for n in names}
+    for key in replaced:
+        module_name, name = key.rsplit(".", 1)
+        assert getattr(module(module_name), name) is getattr(layer_api if name in LAYER_NAMES else api, name), key
+    assert snapshot(UNTOUCHED) == untouched
+
+
+def span_inputs() -> tuple:
+    """B 1, Hq 2, Hkv 1, Lq 4, Lkv 32, D 16, two span slots ending before the window (W = 15)."""
+    gen = torch.Generator().manual_seed(0)
+    q = torch.randn(1, 2, 4, 16, generator=gen)
+    k, v = (torch.randn(1, 1, 32, 16, generator=gen) for _ in range(2))
+    qstart = torch.tensor([0, 7]).expand(1, 2, 4, 2).clone()
+    qend = torch.tensor([6, 13]).expand(1, 2, 4, 2).clone()  # the first window starts at 28 - 15 + 1 = 14
+    qstart[0, 1, :, 0] = 3  # a shorter span for the second head
+    qstart[0, 0, 3, 1] = qend[0, 0, 3, 1] = -1  # an unused slot
+    return q, k, v, qstart, qend, torch.arange(28, 32)
+
+
+def test_span_call_through_the_original_import_path_reaches_our_dispatcher(select_calls) -> None:
+    patch_superlinear()
+    import superlinear.kernels.superlinear.span.api as original_span_api
+
+    inputs = span_inputs()
+    out = original_span_api.fused_span_attention_gqa(*inputs, None, SW_INDEX, inv_search_power_int=INV_POWER)
+    assert select_calls, "the call through superlinear's span API did not reach superlinear_ops.dispatch.select"
+    expected = superlinear_ops.api.fused_span_attention_gqa(*inputs, None, SW_INDEX, inv_search_power_int=INV_POWER, validate=True)
+    assert out.shape == (1, 2, 4, 2, 16)
+    assert torch.equal(out, expected)
+
+
+def test_decode_call_through_the_original_attention_package_reaches_our_dispatcher(select_calls) -> None:
+    patch_superlinear()
+    gen = torch.Generator().manual_seed(1)
+    q1, q2 = (torch.randn(1, 2, 1, 16, generator=gen) for _ in range(2))
+    k, v = (torch.randn(1, 1, 32, 16, generator=gen) for _ in range(2))
+    args = (q1, q2, k, v, torch.tensor([31]), None, SW_INDEX, 2)  # position 31, topk 2
+
+    out = superlinear.kernels.superlinear.attention.decode_span_attention_staged_gqa(*args, inv_search_power_int=INV_POWER)
+    assert select_calls, "the call through superlinear's attention package did not reach superlinear_ops.dispatch.select"
+    expected = superlinear_ops.api.decode_span_attention_staged_gqa(*args, inv_search_power_int=INV_POWER)
+    assert out.shape == (1, 2, 1, 16)
+    assert torch.equal(out, expected)
+    # The original's own alias looks decode_span_attention_staged_gqa up at call time: ours too.
+    calls = len(select_calls)
+    alias = superlinear.kernels.superlinear.attention.decode_attention_gqa(*args, inv_search_power_int=INV_POWER)
+    assert len(select_calls) > calls
+    assert torch.equal(alias, expected)
+
+
+def test_patching_twice_is_harmless_and_unpatch_restores_the_originals() -> None:
+    first = patch_superlinear()
+    second = patch_superlinear()
+    assert second == first
+    assert unpatch_superlinear() == list(first)
+    assert all(snapshot(BOUND)[key] is original for key, original in ORIGINALS.items())
+    assert unpatch_superlinear() == []
+
+
+def test_nothing_is_patched_when_the_original_is_not_installed(monkeypatch, caplog) -> None:
+    for name in [m for m in sys.modules if m == "superlinear" or m.startswith("superlinear.")]:
+        monkeypatch.setitem(sys.modules, name, None)  # "import superlinear" now fails as if absent
+    with caplog.at_level(logging.INFO, logger="superlinear_ops"):
+        assert patch_superlinear() == {}
+    assert "not installed" in caplog.text
+    monkeypatch.undo()
+    assert all(snapshot(BOUND)[key] is original for key, original in ORIGINALS.items())
+
+
+def test_nothing_is_patched_when_the_original_cannot_be_imported(monkeypatch, caplog) -> None:
+    for name in [m for m in sys.modules if m == "superlinear" or m.startswith("superlinear.")]:
+        monkeypatch.delitem(sys.modules, name)  # a fresh import of the original ...
+    monkeypatch.setitem(sys.modules, "triton", None)  # ... that fails on its Triton import
+    with caplog.at_level(logging.INFO, logger="superlinear_ops"):
+        assert patch_superlinear() == {}
+    assert "cannot be imported" in caplog.text and "triton" in caplog.text
+    monkeypatch.undo()
+    assert all(snapshot(BOUND)[key] is original for key, original in ORIGINALS.items())
