@@ -1,6 +1,7 @@
 """Issue #15 on a GPU: NaN never leaks from keys no query attends and always shows from attended
-ones, on every registered variant; and the bad inputs that reach a kernel (oversized topk, factors
-and sw_index, positions past the cache, spans past the keys) run cleanly.
+ones, on every registered variant and the whole layer; and the bad inputs that reach a kernel
+(oversized topk, factors and sw_index, positions past the cache or negative, spans past the keys)
+run cleanly.
 
     python scripts/device_hardening.py --part nan          # exits 1 when a case fails
     compute-sanitizer --tool memcheck --error-exitcode 9 python scripts/device_hardening.py --part bad-inputs
@@ -19,7 +20,7 @@ import torch
 if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
-from superlinear_ops import decode_span_attention_staged_gqa, fused_span_attention_gqa, geometry  # noqa: E402
+from superlinear_ops import decode_span_attention_staged_gqa, fused_span_attention_gqa, geometry, superlinear_attention  # noqa: E402
 from superlinear_ops.decode.settings import DecodeSettings  # noqa: E402
 from superlinear_ops.kernels.launch import LaunchGeometry  # noqa: E402
 from superlinear_ops.problem import SPAN_BACKWARD, SPAN_FORWARD, STAGED_DECODE, Problem  # noqa: E402
@@ -134,6 +135,41 @@ def check_decode_nan(seed: int) -> list[str]:
     return failures
 
 
+def check_layer_nan(seed: int) -> list[str]:
+    """The whole layer, forward and backward: NaN in the unused tail and a masked hole of K/V
+    changes no output and no gradient; NaN in one query's Q1 shows in that row only."""
+    q, k, v, _, _, cp, mask, _ = span_inputs(seed)
+    q, k, v = q.to(DTYPE), k.to(DTYPE), v.to(DTYPE)
+    q1 = torch.randn_like(q)
+    kp, vp = poisoned(k, v)
+    kc, vc = k.clone(), v.clone()
+    for t in (kc, vc):
+        t[:, :, TAIL:] = 0
+        t[:, :, list(HOLE)] = 0
+    grad = torch.randn_like(q)
+    args = dict(sw_index=SW_INDEX, topk=3, backward_factor=3.0, forward_factor=1.0, span_power=0.55)
+
+    def run(q1_, k_, v_):
+        leaves = [t.detach().clone().requires_grad_() for t in (q1_, q, k_, v_)]
+        out = superlinear_attention(*leaves, cp, mask, **args)
+        return (out, *torch.autograd.grad(out, leaves, grad))
+
+    got, want = run(q1, kp, vp), run(q1, kc, vc)
+    failures = []
+    if any(a[..., :TAIL, :].isnan().any() if a.shape[2] == LKV else a.isnan().any() for a in got):
+        failures.append("layer: unattended NaN reached the output or a gradient")
+    elif not all(torch.allclose(a.float(), b.float(), rtol=2e-2, atol=2e-2) for a, b in zip(got, want)):
+        failures.append("layer: unattended NaN changed the output or a gradient")
+    q1n = q1.clone()
+    q1n[0, 0, 5, 0] = float("nan")
+    out = superlinear_attention(q1n, q, k, v, cp, mask, **args)
+    others = torch.ones_like(out, dtype=torch.bool)
+    others[0, 0, 5] = False
+    if not out[0, 0, 5].isnan().any() or out[others].isnan().any():
+        failures.append("layer: NaN in one Q1 row was hidden or leaked into other rows")
+    return failures
+
+
 def bad_inputs() -> int:
     """Run the public ops on the inputs that used to reach kernels out of bounds; returns how many ran."""
     q, k, v, start, end, cp, mask, window = span_inputs(3)
@@ -167,6 +203,23 @@ def bad_inputs() -> int:
                                                inv_search_power_int=2, search_power=None, **settings)
         assert not out.isnan().any(), name
         ran += 1
+    layer_cases = {
+        "topk 1000": dict(topk=1000),
+        "backward factor 1e6": dict(backward_factor=1e6),
+        "forward factor 1e6": dict(forward_factor=1e6),
+        "sw_index 10**4": dict(sw_index=10**4),
+        "positions past the cache": dict(shift=LKV),
+        "negative positions": dict(shift=-FIRST_POS - LQ),
+    }
+    for name, change in layer_cases.items():
+        settings = dict(sw_index=SW_INDEX, topk=3, backward_factor=3.0, forward_factor=1.0, span_power=0.55)
+        positions = cp + change.pop("shift", 0)
+        settings.update(change)
+        leaves = [t.detach().clone().requires_grad_() for t in (q, q, k, v)]
+        out = superlinear_attention(*leaves, positions, mask, inv_search_power_int=2, **settings)
+        out.float().sum().backward()
+        assert not out.isnan().any(), name
+        ran += 1
     if DEVICE.type == "cuda":
         torch.cuda.synchronize()
     return ran
@@ -179,9 +232,9 @@ def main() -> int:
     if args.part == "bad-inputs":
         print(f"bad-input cases run: {bad_inputs()} (device {DEVICE})")
         return 0
-    failures = check_span_nan(1) + check_decode_nan(2)
+    failures = check_span_nan(1) + check_decode_nan(2) + check_layer_nan(4)
     checked = len(variants(SPAN_FORWARD, Problem.for_span(SPAN_FORWARD, *span_inputs(0)[:2], 3, True, SW_INDEX, POWER.label)))
-    print(f"NaN cases on {DEVICE}: {checked} forward variants x every backward, every decode variant; failures: {len(failures)}")
+    print(f"NaN cases on {DEVICE}: {checked} forward variants x every backward, every decode variant, the whole layer; failures: {len(failures)}")
     for failure in failures:
         print("  FAIL", failure)
     return 1 if failures else 0

@@ -19,16 +19,16 @@ from __future__ import annotations
 
 import argparse
 import json
-import statistics
 
 import torch
 import torch.nn.functional as F
 import triton
+from prefill_compare import bench, profile, time_few  # this folder's model-M comparison helpers
 
 from superlinear_ops import geometry, torch_ops
 from superlinear_ops.decode.settings import DecodeSettings
 from superlinear_ops.kernels.launch import KernelConfig
-from superlinear_ops.layer.attention import attention_layer, layer_spans
+from superlinear_ops.layer.attention import attention_layer, spans_of_anchors
 from superlinear_ops.layer.search import search_reference
 from superlinear_ops.layer.search_kernel import search_default, tiled_search
 from superlinear_ops.layer_api import superlinear_attention
@@ -64,24 +64,6 @@ def inputs(lq, lkv, seed=0, masked_front=0, grad=False):
         mask = torch.ones(1, lkv, dtype=torch.bool, device=DEVICE)
         mask[:, :masked_front] = False
     return q1, q2, k, v, torch.arange(lkv - lq, lkv, device=DEVICE), mask
-
-
-def bench(fn, rep=100):
-    return triton.testing.do_bench(fn, warmup=25, rep=rep, return_mode="median")
-
-
-def time_few(fn, n=2):
-    """Median of ``n`` event-timed runs after one warm-up (for the slow original)."""
-    fn()
-    times = []
-    for _ in range(n):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        fn()
-        end.record()
-        torch.cuda.synchronize()
-        times.append(start.elapsed_time(end))
-    return statistics.median(times)
 
 
 def reference_layer(q1, q2, k, v, cp, mask, anchors):
@@ -167,7 +149,7 @@ def sweep():
 
 
 def lower_bound(lq, lkv, training, anchors, cp):
-    qstart, qend = layer_spans(anchors, cp, lkv, None, SETTINGS.for_keys(lkv))
+    qstart, qend = spans_of_anchors(anchors, cp, lkv, None, SETTINGS.for_keys(lkv))
     pos = cp.long().clamp(max=lkv - 1)
     lo_w = (pos - WINDOW + 1).clamp(min=0)
     window_keys = (pos - lo_w + 1).sum().item() * HQ
@@ -179,21 +161,6 @@ def lower_bound(lq, lkv, training, anchors, cp):
     ms = 1e3 * max(bytes_ / BANDWIDTH, attn / BF16_FLOPS + search / FP32_FMA_FLOPS)
     return {"ms": ms, "attention_tflop": attn / 1e12, "search_tflop": search / 1e12, "gb": bytes_ / 1e9,
             "basis": "max(bytes / 4.3 TB/s, attention FLOPs / 790 TFLOP/s + search FLOPs / 67 TFLOP/s fp32)"}
-
-
-def profile(fn, runs=3):
-    fn()
-    torch.cuda.synchronize()
-    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
-        for _ in range(runs):
-            fn()
-        torch.cuda.synchronize()
-    rows = []
-    for evt in prof.key_averages():
-        total = getattr(evt, "device_time_total", 0)
-        if total > 0:
-            rows.append({"name": evt.key[:70], "count": evt.count // runs, "ms_per_call": total / 1e3 / runs})
-    return sorted(rows, key=lambda r: -r["ms_per_call"])[:12]
 
 
 def original_module():
@@ -242,7 +209,7 @@ def target_case(name, lq, lkv, training, original):
             row["original_error"] = f"{type(exc).__name__}: {exc}"[:200]
         torch.cuda.empty_cache()
     if name in PROFILED:
-        row["kernels"] = profile(ours)
+        row["kernels"] = profile(ours)[:12]
     row["ours_vs_sdpa"] = row["sdpa_ms"] / row["ours_ms"]
     print(name, {k_: row.get(k_) for k_ in ("ours_ms", "search_ms", "sdpa_ms", "original_ms")}, f"bound {row['bound']['ms']:.2f}", flush=True)
     return row

@@ -37,6 +37,7 @@ VARIANTS = "tests/test_variants.py"
 LSK = "superlinear_ops/layer/search_kernel.py"
 LSR = "superlinear_ops/layer/search.py"
 LATT = "superlinear_ops/layer/attention.py"
+LGK = "superlinear_ops/layer/gate_kernel.py"
 LAYER = "tests/test_layer.py"
 FWD = f"{VARIANTS} -k span_forward"
 BWD = f"{VARIANTS} -k span_backward"
@@ -78,16 +79,20 @@ PLANTS = {
     "tensor-core backward: window dO* of the combined row scaled by 1.01": (TCB, "        dos += tl.where(w[:, None] > 0.0, w[:, None] * do, 0.0)\n", "        dos += tl.where(w[:, None] > 0.0, w[:, None] * do * 1.01, 0.0)\n", f"{BWD} -k tc_tiles"),
     "layer search ties: the nearer stripe wins": (LSK, "& ((score >= worst) & ok)[:, None]", "& ((score > worst) & ok)[:, None]", LAYER),
     "layer search drops the stripe at key 0": (LSK, "torch.searchsorted(offsets, t, right=True)", "torch.searchsorted(offsets, t, right=False)", LAYER),
-    "layer search ignores the mask": (LSK, "ok = ok & (tl.load(mask_ptr + batch * stride_mb + loc, mask=ok, other=0) != 0)", "ok = ok", LAYER),
+    "layer search ignores the mask": (LSK, "valid = valid & (tl.load(mask_ptr + mask_base + loc, mask=valid, other=0) != 0)", "valid = valid", LAYER),
     "layer search keeps the first slot only": (LSK, "take = is_worst & (best_key == worst_key[:, None])", "take = is_worst & (slot == 0)", LAYER),
     "layer reference search ties: the nearer stripe wins": (LSR, "order = torch.sort(scores.flip(-1), dim=-1, descending=True, stable=True).indices[..., : settings.topk]\n        best = torch.gather(scores.flip(-1), -1, order)\n        stripe = n_stripes - 1 - order", "order = torch.sort(scores, dim=-1, descending=True, stable=True).indices[..., : settings.topk]\n        best = torch.gather(scores, -1, order)\n        stripe = order", LAYER),
     "layer reference search drops the stripe at key 0": (LSR, "valid = (loc >= 0).expand(", "valid = (loc > 0).expand(", LAYER),
     "layer gate: empty slots score +1e9": (LATT, "EMPTY_SCORE = -1e9", "EMPTY_SCORE = 1e9", LAYER),
-    "layer gate softmax over the queries": (LATT, "gate = torch.softmax(gate_scores(q1, k, anchors), dim=-1)", "gate = torch.softmax(gate_scores(q1, k, anchors), dim=2)", LAYER),
+    "layer gate (PyTorch path) softmax over the queries": (LATT, "gate = torch.softmax(scores, dim=-1)\n    return (gate", "gate = torch.softmax(scores, dim=2)\n    return (gate", LAYER),
+    "layer gate (PyTorch path) backward drops the mean score": (LATT, "d_scores = gate * (s - (gate * s).sum(dim=-1, keepdim=True))", "d_scores = gate * s", LAYER),
+    "layer gate kernel weights do not sum to 1": (LGK, "return e / tl.sum(e, axis=1)[:, None]", "return e / (tl.sum(e, axis=1)[:, None] + 0.01)", LAYER),
+    "layer gate kernel backward drops the mean score": (LGK, "d_v = g * (s - tl.sum(g * s, axis=1)[:, None])", "d_v = g * s", LAYER),
+    "layer gate kernel backward leaves dO_j unweighted": (LGK, "(_slot(g, j, TOPK_PAD)[:, None] * d_out).to(", "(d_out).to(", LAYER),
     "layer gate scores carry no gradient into K": (LATT, "if ctx.needs_input_grad[1]:", "if False and ctx.needs_input_grad[1]:", LAYER),
     "layer gate dK lands on the next key": (LATT, "d_k.index_add_(0, rows.reshape(-1),", "d_k.index_add_(0, (rows.reshape(-1) + 1) % k_rows.shape[0],", LAYER),
     "layer gate scores scaled by 1/sqrt(D)": (LATT, "return (keys.to(cdt) * q1.to(cdt)[..., None, :]).sum(dim=-1)", "return (keys.to(cdt) * q1.to(cdt)[..., None, :]).sum(dim=-1) / q1.shape[-1] ** 0.5", LAYER),
-    "layer bf16 output scaled by 1.01": (LATT, "return (gate[..., None] * span_out.to(gate.dtype)).sum(dim=3).to(dtype)", "return ((gate[..., None] * span_out.to(gate.dtype)).sum(dim=3) * (1.01 if dtype == torch.bfloat16 else 1.0)).to(dtype)", LAYER),
+    "layer gate kernel output scaled by 1.01": (LGK, "acc.to(Out_ptr.dtype.element_ty)", "(acc * 1.01).to(Out_ptr.dtype.element_ty)", LAYER),
     "layer gate gradient scaled by 1.01": (LATT, "    return torch.where(anchors >= 0, scores, torch.full_like(scores, EMPTY_SCORE))", "    scores = scores + 0.01 * (scores - scores.detach())\n    return torch.where(anchors >= 0, scores, torch.full_like(scores, EMPTY_SCORE))", LAYER),
     "layer span start uses t instead of t - s": (GEO, "back_len = span_length_table(backward_factor, span_power, key_length, qanchor.device)[distance]", "back_len = span_length_table(backward_factor, span_power, key_length, qanchor.device)[(distance + first_allowed[:, None]).clamp(max=key_length)]", LAYER),
     "layer span end ignores the forward factor": (LATT, "settings.forward_factor, settings.span_power,\n    )", "0.0, settings.span_power,\n    )", LAYER),

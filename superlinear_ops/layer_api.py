@@ -59,7 +59,7 @@ def superlinear_attention(
         Q1, K, positions, attention_mask, sw_index, topk, backward_factor, forward_factor, span_power,
         search_power, inv_search_power_int,
     )
-    settings = DecodeSettings(sw_index, topk, backward_factor, forward_factor, span_power, params).for_keys(K.shape[2])
+    settings = DecodeSettings(sw_index, topk, backward_factor, forward_factor, span_power, params)
 
     def span_attention(qstart: torch.Tensor, qend: torch.Tensor) -> torch.Tensor:
         return torch_ops.span_forward(

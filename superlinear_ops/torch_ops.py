@@ -1,7 +1,8 @@
 """The span ops as torch.library custom ops, each running the dispatcher's choice.
 
-``superlinear_ops::span_forward``, ``::span_backward``, ``::staged_decode`` and ``::layer_search`` (the
-whole layer's search; the rest of the layer is PyTorch ops around ``span_forward``) have fake (meta)
+``superlinear_ops::span_forward``, ``::span_backward``, ``::staged_decode`` and the whole layer's
+``::layer_search``, ``::layer_spans`` and ``::layer_gate`` (the layer composes them with
+``span_forward`` and its differentiable gate scores, ``layer.attention``) have fake (meta)
 implementations and autograd registration, so ``torch.compile(fullgraph=True)`` traces models
 that call them and ``torch.library.opcheck`` passes. Inputs arrive validated by ``api``.
 """
@@ -14,6 +15,7 @@ from torch import Tensor
 from . import dispatch, geometry
 from .decode.settings import DecodeSettings
 from .kernels.launch import LaunchGeometry
+from .layer.attention import gate_backward, gate_forward, spans_of_anchors
 from .problem import SPAN_BACKWARD, SPAN_FORWARD, Problem
 
 NAMESPACE = "superlinear_ops"
@@ -172,19 +174,77 @@ def layer_search(
     search_power: float | None,
     inv_search_power_int: int | None,
 ) -> Tensor:
-    """The whole layer's anchors [B, Hq, Lq, min(topk, stripes)] (int64, -1: empty slot) by the
-    dispatcher's search variant."""
+    """The whole layer's anchors [B, Hq, Lq, topk] (int64, -1: empty slot) by the dispatcher's search
+    variant (searched for at most as many slots as there are stripes; the rest stay empty)."""
     params = _settings(search_power, inv_search_power_int)
     factors = (backward_factor, forward_factor, span_power)
     problem = Problem.for_layer(q1, k, topk, attention_mask is not None, sw_index, params.label, factors)
     choice = dispatch.select(problem)
     settings = DecodeSettings(sw_index, topk, backward_factor, forward_factor, span_power, params).for_keys(k.shape[2])
-    return choice.variant.launch(q1, k, cache_position, attention_mask, settings, choice.config)
+    anchors = choice.variant.launch(q1, k, cache_position, attention_mask, settings, choice.config)
+    return torch.nn.functional.pad(anchors, (0, topk - settings.topk), value=-1)
 
 
 @layer_search.register_fake
-def _layer_search_fake(q1, k, cache_position, attention_mask, sw_index, topk, backward_factor, forward_factor,
-                       span_power, search_power, inv_search_power_int):
+def _layer_search_fake(q1, k, cache_position, attention_mask, sw_index, topk, *args):
+    return q1.new_empty(*q1.shape[:3], topk, dtype=torch.int64)
+
+
+@torch.library.custom_op(f"{NAMESPACE}::layer_spans", mutates_args=())
+def layer_spans(
+    anchors: Tensor,
+    cache_position: Tensor,
+    attention_mask: Tensor | None,
+    key_length: int,
+    sw_index: int,
+    backward_factor: float,
+    forward_factor: float,
+    span_power: float,
+    search_power: float | None,
+    inv_search_power_int: int | None,
+) -> tuple[Tensor, Tensor]:
+    """(qstart, qend) [B, Hq, Lq, topk] of the layer's anchors (-1 where the anchor is -1)."""
     params = _settings(search_power, inv_search_power_int)
-    settings = DecodeSettings(sw_index, topk, backward_factor, forward_factor, span_power, params).for_keys(k.shape[2])
-    return q1.new_empty(*q1.shape[:3], settings.topk, dtype=torch.int64)
+    settings = DecodeSettings(sw_index, anchors.shape[-1], backward_factor, forward_factor, span_power, params)
+    return spans_of_anchors(anchors, cache_position, key_length, attention_mask, settings)
+
+
+@layer_spans.register_fake
+def _layer_spans_fake(anchors, *args):
+    return torch.empty_like(anchors), torch.empty_like(anchors)
+
+
+@torch.library.custom_op(f"{NAMESPACE}::layer_gate", mutates_args=())
+def layer_gate(scores: Tensor, span_out: Tensor, dtype: torch.dtype) -> Tensor:
+    """O = sum_j softmax(scores)_j O_j [B, Hq, Lq, D] in ``dtype`` (``layer.attention.gate_forward``)."""
+    return gate_forward(scores, span_out, dtype)
+
+
+@layer_gate.register_fake
+def _layer_gate_fake(scores, span_out, dtype):
+    return span_out.new_empty(*span_out.shape[:3], span_out.shape[4], dtype=dtype)
+
+
+@torch.library.custom_op(f"{NAMESPACE}::layer_gate_backward", mutates_args=())
+def layer_gate_backward(scores: Tensor, span_out: Tensor, grad: Tensor) -> tuple[Tensor, Tensor]:
+    """(d scores, d span outputs) of ``layer_gate``."""
+    return gate_backward(scores, span_out, grad)
+
+
+@layer_gate_backward.register_fake
+def _layer_gate_backward_fake(scores, span_out, grad):
+    return torch.empty_like(scores), torch.empty_like(span_out)
+
+
+def _setup_gate_context(ctx, inputs, output) -> None:
+    scores, span_out, _ = inputs
+    ctx.save_for_backward(scores, span_out)
+
+
+def _layer_gate_backward(ctx, grad):
+    scores, span_out = ctx.saved_tensors
+    d_scores, d_span_out = layer_gate_backward(scores, span_out, grad)
+    return d_scores, d_span_out, None
+
+
+torch.library.register_autograd(f"{NAMESPACE}::layer_gate", _layer_gate_backward, setup_context=_setup_gate_context)

@@ -10,9 +10,11 @@ import textwrap
 
 import optuna
 import pytest
+import torch
 from optuna.trial import TrialState
 
 from superlinear_ops.cache.store import Store
+from superlinear_ops.problem import ATTENTION_LAYER, device_identity
 from superlinear_ops.tuner.search import INTERRUPTED
 from superlinear_ops.tuner.workload import WorkloadError, load
 
@@ -47,6 +49,9 @@ def _write(tmp_path: pathlib.Path, text: str) -> str:
     ("span_power: 0.5", "span_power: .nan", 6, ["'span_power' must be a finite number", "nan"]),
     ("forward_factor: 1.0", "forward_factor: .inf", 8, ["'forward_factor' must be a finite number", "inf"]),
     ("backward_factor: 2.0", "backward_factor: -.inf", 7, ["'backward_factor' must be a finite number"]),
+    ("{context: 64}", "{context: 64}\n  - layer_prefill: {chunk: 65, keys: 64}", 13, ["'chunk' must be <= 'keys'"]),
+    ("{context: 64}", "{context: 64}\n  - layer_training: {tokens: 0}", 13, ["'tokens' must be an integer >= 1"]),
+    ("{context: 64}", "{context: 64}\n  - layer_prefill: {chunk: 8}", 13, ["'keys' must be an integer >= 1"]),
 ])
 def test_workload_field_errors_name_the_field_and_its_line(tmp_path, old, new, line, words) -> None:
     assert old in GOOD
@@ -139,3 +144,14 @@ def test_two_first_starts_on_a_fresh_storage_do_not_race(tmp_path) -> None:
             assert p.returncode == 0, err[-3000:]
         assert (database.parent / "studies.sqlite.lock").exists()
         optuna.create_study(storage=f"sqlite:///{database}", study_name="after")  # the schema is whole
+
+
+def test_layer_kinds_give_whole_layer_problems(tmp_path) -> None:
+    path = _write(tmp_path, GOOD + "  - layer_prefill: {chunk: 8, keys: 96}\n  - layer_training: {tokens: 48}\n")
+    cases = [c for c in load(path).cases(device_identity(torch.device("cpu"))) if c.problem.op == ATTENTION_LAYER]
+    assert [(c.label, c.problem.queries, c.problem.keys) for c in cases] == [
+        ("layer prefill 8 over 96", 8, 96), ("layer training 48", 48, 48),
+    ]
+    assert all(c.problem.factors == (2.0, 1.0, 0.5) and c.problem.spans == 2 for c in cases)
+    for case in cases:
+        case.problem.check()

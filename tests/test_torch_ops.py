@@ -68,6 +68,32 @@ def test_torch_compile_fullgraph_decode(gen: torch.Generator) -> None:
     torch.testing.assert_close(compiled(q1, q2, k, v, cp, mask), step(q1, q2, k, v, cp, mask))
 
 
+def test_opcheck_layer_search(gen: torch.Generator) -> None:
+    q, k, _, _, _, _, mask = inputs(gen)
+    cp = torch.tensor([30, 40, 47])  # t > W = 15: stripes exist
+    torch.library.opcheck(library.layer_search, (q, k, cp, mask, 3, 2, 2.0, 1.0, 0.5, None, 2))
+
+
+def test_torch_compile_fullgraph_whole_layer_forward_and_backward(gen: torch.Generator) -> None:
+    q, k, v, _, _, _, mask = inputs(gen)
+    q1 = torch.randn(q.shape, generator=gen)
+    cp = torch.tensor([30, 40, 47])
+
+    def layer(q1, q2, k, v):
+        return superlinear_ops.superlinear_attention(q1, q2, k, v, cp, mask, 3, 2, forward_factor=1.0)
+
+    eager_leaves = [t.clone().requires_grad_() for t in (q1, q, k, v)]
+    compiled_leaves = [t.clone().requires_grad_() for t in (q1, q, k, v)]
+    eager = layer(*eager_leaves)
+    compiled = torch.compile(layer, fullgraph=True, backend="aot_eager")(*compiled_leaves)
+    torch.testing.assert_close(compiled, eager)
+    eager.square().sum().backward()
+    compiled.square().sum().backward()
+    for a, b in zip(compiled_leaves, eager_leaves):
+        assert a.grad.abs().sum() > 0
+        torch.testing.assert_close(a.grad, b.grad)
+
+
 def test_warmup_runs_each_problem_and_builds_decode_tables() -> None:
     device = superlinear_ops.problem.device_identity(torch.device("cpu"))
     problems = [

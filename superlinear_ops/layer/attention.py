@@ -16,6 +16,7 @@ import torch
 
 from .. import geometry
 from ..decode.settings import DecodeSettings
+from ..problem import device_identity
 
 EMPTY_SCORE = -1e9  # the gate score of an empty slot (SPEC section 7, step 4)
 
@@ -23,7 +24,7 @@ EMPTY_SCORE = -1e9  # the gate score of an empty slot (SPEC section 7, step 4)
 SpanAttention = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
 
 
-def layer_spans(
+def spans_of_anchors(
     anchors: torch.Tensor,
     cache_position: torch.Tensor,
     key_length: int,
@@ -38,7 +39,7 @@ def layer_spans(
         anchors, cache_position, key_length, settings.window_for(key_length), attention_mask,
         settings.forward_factor, settings.span_power,
     )
-    return qstart, qend.to(torch.int64)
+    return qstart, qend.to(torch.int64, copy=True)  # a copy: with ff = 0 qend is the anchors themselves
 
 
 class _GateScores(torch.autograd.Function):
@@ -80,6 +81,38 @@ def gate_scores(q1: torch.Tensor, k: torch.Tensor, anchors: torch.Tensor) -> tor
     return torch.where(anchors >= 0, scores, torch.full_like(scores, EMPTY_SCORE))
 
 
+def _triton_gate(scores: torch.Tensor, span_out: torch.Tensor) -> bool:
+    """Whether the Triton gate serves: fp32 scores where Triton kernels run (a GPU, or the interpreter)."""
+    device = device_identity(span_out.device)
+    return scores.dtype == torch.float32 and (device.is_gpu or device.interpreter)
+
+
+def gate_forward(scores: torch.Tensor, span_out: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """O = sum_j softmax(scores)_j O_j [B, Hq, Lq, D] in ``dtype`` (step 4) for scores [B, Hq, Lq, topk]
+    and span outputs [B, Hq, Lq, topk, D]: the Triton gate (``gate_kernel``) where it serves, PyTorch
+    otherwise (the CPU and float64 path)."""
+    if _triton_gate(scores, span_out):
+        from .gate_kernel import gate_forward as kernel  # imports Triton on first use only
+
+        return kernel(scores.contiguous(), span_out.contiguous(), dtype)
+    gate = torch.softmax(scores, dim=-1)
+    return (gate[..., None] * span_out.to(gate.dtype)).sum(dim=3).to(dtype)
+
+
+def gate_backward(scores: torch.Tensor, span_out: torch.Tensor, grad: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(d scores, d span outputs) of ``gate_forward`` for ``grad`` [B, Hq, Lq, D]: dO_j = g_j grad and
+    dv_j = g_j (s_j - sum_k g_k s_k) with s_j = grad . O_j."""
+    if _triton_gate(scores, span_out):
+        from .gate_kernel import gate_backward as kernel
+
+        return kernel(scores.contiguous(), span_out.contiguous(), grad.contiguous())
+    gate = torch.softmax(scores, dim=-1)
+    grad = grad.to(gate.dtype)
+    s = (grad[..., None, :] * span_out.to(gate.dtype)).sum(dim=-1)
+    d_scores = gate * (s - (gate * s).sum(dim=-1, keepdim=True))
+    return d_scores.to(scores.dtype), (gate[..., None] * grad[..., None, :]).to(span_out.dtype)
+
+
 def attention_layer(
     q1: torch.Tensor,
     k: torch.Tensor,
@@ -90,8 +123,13 @@ def attention_layer(
     span_attention: SpanAttention,
     dtype: torch.dtype,
 ) -> torch.Tensor:
-    """O [B, Hq, Lq, D] in ``dtype`` from the search's anchors [B, Hq, Lq, topk] (steps 2-5)."""
-    qstart, qend = layer_spans(anchors, cache_position, k.shape[2], attention_mask, settings)
+    """O [B, Hq, Lq, D] in ``dtype`` from the search's anchors [B, Hq, Lq, topk] (steps 2-5). The
+    spans and the gate run as the custom ops ``superlinear_ops::layer_spans`` and ``::layer_gate``
+    (``torch_ops``), so that torch.compile traces the layer without entering the exact geometry."""
+    power = settings.params.arguments
+    qstart, qend = torch.ops.superlinear_ops.layer_spans(
+        anchors, cache_position, attention_mask, k.shape[2], settings.sw_index, settings.backward_factor,
+        settings.forward_factor, settings.span_power, power["search_power"], power["inv_search_power_int"],
+    )
     span_out = span_attention(qstart, qend)  # [B, Hq, Lq, topk, D]
-    gate = torch.softmax(gate_scores(q1, k, anchors), dim=-1)
-    return (gate[..., None] * span_out.to(gate.dtype)).sum(dim=3).to(dtype)
+    return torch.ops.superlinear_ops.layer_gate(gate_scores(q1, k, anchors), span_out, dtype)

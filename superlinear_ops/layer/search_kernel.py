@@ -32,10 +32,25 @@ EMPTY_SLOT = tl.constexpr(-(1 << 30))  # padding slots' key: never the worst, ne
 
 
 @triton.jit
+def _stripe_keys(K_ptr, kv_base, stride_kl, mask_ptr, mask_base, offsets_ptr, j, N_STRIPES, t_k, n_k, offs_d, d_mask,
+                 HAS_MASK: tl.constexpr):
+    """Stripe j's key row for each query of the block: (keys [BLOCK_Q, BLOCK_D], valid [BLOCK_Q],
+    the stripe's offset); a stripe past a query's count (or past the table) is invalid for it."""
+    offset = tl.load(offsets_ptr + tl.minimum(j, N_STRIPES - 1)).to(tl.int32)
+    loc = t_k - offset
+    valid = j < n_k
+    if HAS_MASK:
+        valid = valid & (tl.load(mask_ptr + mask_base + loc, mask=valid, other=0) != 0)
+    keys = tl.load(K_ptr + kv_base + loc[:, None].to(tl.int64) * stride_kl + offs_d[None, :],
+                   mask=valid[:, None] & d_mask[None, :], other=0.0)
+    return keys, valid, offset
+
+
+@triton.jit
 def layer_search_kernel(
     Q1_ptr, K_ptr, pos_ptr, count_ptr, offsets_ptr, mask_ptr, anchor_ptr,
     stride_qb, stride_qh, stride_ql, stride_kb, stride_kh, stride_kl, stride_mb,
-    H_Q, L_Q, REP, N_HEAD_BLOCKS,
+    H_Q, L_Q, REP, N_HEAD_BLOCKS, N_STRIPES,
     TOPK: tl.constexpr, TOPK_PAD: tl.constexpr, D_HEAD: tl.constexpr, BLOCK_D: tl.constexpr,
     BLOCK_Q: tl.constexpr, BLOCK_H: tl.constexpr, HAS_MASK: tl.constexpr, UPCAST: tl.constexpr,
 ):
@@ -56,7 +71,6 @@ def layer_search_kernel(
     offs_q = q_block * BLOCK_Q + rows % BLOCK_Q
     row_ok = (local_head < REP) & (offs_q < L_Q)
     t_r = tl.load(pos_ptr + offs_q, mask=row_ok, other=-1) + 1
-    n_r = tl.load(count_ptr + offs_q, mask=row_ok, other=0)
     heads = (kv_head * REP + local_head).to(tl.int64)
     q1 = tl.load(Q1_ptr + batch * stride_qb + heads[:, None] * stride_qh + offs_q[:, None].to(tl.int64) * stride_ql
                  + offs_d[None, :], mask=row_ok[:, None] & d_mask[None, :], other=0.0)
@@ -68,27 +82,24 @@ def layer_search_kernel(
     best = tl.where(slot < TOPK, float("-inf"), float("inf")) + zeros.to(tl.float32)
     best_key = tl.where(slot < TOPK, -1 - slot, EMPTY_SLOT) + zeros  # distinct: one worst slot at a time
 
+    mask_base = batch * stride_mb
+    keys, key_ok, offset = _stripe_keys(K_ptr, kv_base, stride_kl, mask_ptr, mask_base, offsets_ptr, 0, N_STRIPES,
+                                        t_k, n_k, offs_d, d_mask, HAS_MASK)
     for j in range(0, tl.max(n_k, axis=0)):
-        offset = tl.load(offsets_ptr + j).to(tl.int32)
-        loc_k = t_k - offset
-        key_ok = j < n_k
-        if HAS_MASK:
-            key_ok = key_ok & (tl.load(mask_ptr + batch * stride_mb + loc_k, mask=key_ok, other=0) != 0)
-        keys = tl.load(K_ptr + kv_base + loc_k[:, None].to(tl.int64) * stride_kl + offs_d[None, :],
-                       mask=key_ok[:, None] & d_mask[None, :], other=0.0)
+        # Issue the next stripe's loads before this stripe's work, so that their latency overlaps it.
+        next_keys, next_ok, next_offset = _stripe_keys(K_ptr, kv_base, stride_kl, mask_ptr, mask_base, offsets_ptr,
+                                                       j + 1, N_STRIPES, t_k, n_k, offs_d, d_mask, HAS_MASK)
         scores = tc_dot(q1, tl.trans(keys), UPCAST)  # [BLOCK_M, BLOCK_Q]; row r wants column r % BLOCK_Q
         score = tl.sum(tl.where(diagonal, scores, 0.0), axis=1)
         score = tl.where(score != score, float("inf"), score)
-        loc = t_r - offset
-        ok = j < n_r
-        if HAS_MASK:
-            ok = ok & (tl.load(mask_ptr + batch * stride_mb + loc, mask=ok, other=0) != 0)
+        ok = tl.sum(tl.where(diagonal, key_ok.to(tl.int32)[None, :], 0), axis=1) > 0
         worst = tl.min(best, axis=1)
         is_worst = best == worst[:, None]
         worst_key = tl.max(tl.where(is_worst, best_key, EMPTY_SLOT), axis=1)  # nearest key among the worst
         take = is_worst & (best_key == worst_key[:, None]) & ((score >= worst) & ok)[:, None]
         best = tl.where(take, score[:, None], best)
-        best_key = tl.where(take, loc[:, None] + zeros, best_key)
+        best_key = tl.where(take, (t_r - offset)[:, None] + zeros, best_key)
+        keys, key_ok, offset = next_keys, next_ok, next_offset
 
     anchors = tl.where(best_key >= 0, best_key, -1).to(tl.int64)
     out = ((batch * H_Q + heads[:, None]) * L_Q + offs_q[:, None].to(tl.int64)) * TOPK + slot
@@ -127,7 +138,7 @@ def tiled_search(
     layer_search_kernel[grid](
         q1, k, (t - 1).to(torch.int32).contiguous(), count, offsets, mask, anchors,
         q1.stride(0), q1.stride(1), q1.stride(2), k.stride(0), k.stride(1), k.stride(2), mask.stride(0),
-        hq, lq, rep, head_blocks,
+        hq, lq, rep, head_blocks, offsets.numel(),
         TOPK=settings.topk, TOPK_PAD=next_power_of_two(settings.topk), D_HEAD=dim, BLOCK_D=max(16, next_power_of_two(dim)),
         BLOCK_Q=config.block_q, BLOCK_H=config.block_h, HAS_MASK=attention_mask is not None,
         UPCAST=q1.device.type == "cpu", num_warps=config.num_warps, num_stages=config.num_stages,
