@@ -268,3 +268,17 @@ def test_tune_command_options(tmp_path, capsys) -> None:
     with Store.reader(cache) as store:
         (entry,) = store.entries()
     assert entry.sampler == "random" and entry.seed == 7 and entry.trials >= 1
+
+
+def test_rows_off_counts_the_rows_that_differ_and_nan() -> None:
+    from superlinear_ops.tuner.runner import NEAR_TIE_ROWS, rows_off
+
+    expected = torch.zeros(2, 4, 1000, 8)
+    got = expected.clone()
+    assert rows_off(got, expected, 1e-3) == 0.0
+    got[0, 1, 7, 3] = 0.5  # one near-tie row of 8000 picked other anchors
+    assert rows_off(got, expected, 1e-3) == pytest.approx(1 / 8000)
+    assert rows_off(got, expected, 1e-3) > NEAR_TIE_ROWS  # 1.25e-4: more than the tuner allows
+    got[0, 1, 7, 3] = 1e-4  # within tolerance
+    got[1, 0, 0, 0] = float("nan")
+    assert rows_off(got, expected, 1e-3) == pytest.approx(1 / 8000)
