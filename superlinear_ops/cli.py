@@ -48,7 +48,8 @@ def _problem_from_args(args: argparse.Namespace):
 
     search_power = None if args.inv_search_power_int is not None else args.search_power
     params = geometry.power_params(search_power=search_power, inv_search_power_int=args.inv_search_power_int)
-    factors = (args.backward_factor, args.forward_factor, args.span_power) if args.op == "staged_decode" else ()
+    searching = args.op in ("staged_decode", "attention_layer")  # the ops whose span lengths come from the factors
+    factors = (args.backward_factor, args.forward_factor, args.span_power) if searching else ()
     return Problem(
         op=args.op, dtype=args.dtype, head_dim=args.head_dim, q_heads=args.q_heads, kv_heads=args.kv_heads,
         spans=args.spans, queries=1 if args.op == "staged_decode" else args.queries, keys=args.keys,

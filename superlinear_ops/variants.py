@@ -441,8 +441,8 @@ REGISTRY.register(Variant(
 REGISTRY.register(Variant(
     op=ATTENTION_LAYER, name="tiled_search", launch=tiled_search, space=SEARCH_SPACE, reasons=search_reasons,
     compile_check=search_check, default=search_default, priority=0,
-    description="Triton stripe search: consecutive queries of several heads of a KV group per program share each "
-    "stripe's key rows; top-k in registers; spans and window by the span ops' dispatch, then the gate",
+    description="Triton stripe search: per stripe, one gathered key row per query scored against several heads' "
+    "rows by one tensor-core dot (its diagonal); top-k in registers; spans and window by the span ops' dispatch",
 ))
 REGISTRY.register(Variant(
     op=ATTENTION_LAYER, name="reference", launch=search_reference, space=(), reasons=lambda problem: [],

@@ -58,6 +58,9 @@ def test_variants_and_explain_commands(capsys) -> None:
     assert main(["explain", "--op", "span_backward", "--spans", "1", "--device", "cpu"]) == 0
     text = capsys.readouterr().out
     assert "fused_split: not supported: K = 1 span slot" in text and "choice: span_backward/tc_tiles" in text
+    assert main(["explain", "--op", "attention_layer", "--queries", "8192", "--keys", "139264", "--device", "cpu"]) == 0
+    text = capsys.readouterr().out
+    assert "key: attention_layer|" in text and "|f3,1,0.55|" in text and "choice: attention_layer/" in text
 
 
 def test_every_subpackage_is_packaged() -> None:

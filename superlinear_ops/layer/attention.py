@@ -2,10 +2,11 @@
 and the gate (SPEC section 7).
 
 Differentiable in Q1 (through the gate scores), Q2, K and V: the anchors carry no gradient, the
-span attention's gradient comes from its own op, and the gate scores v_j = Q1 . K[anchor_j] are
-recomputed here with autograd. The short-prefix rule needs nothing extra: when t <= W no stripe
-precedes the window, every slot is empty, every O_j is the causal attention over [0, pos] and
-the uniform gate returns it. No host synchronisation.
+span attention's gradient comes from its own op, the gate scores v_j = Q1 . K[anchor_j] are
+recomputed here (``gate_scores``, with a hand-written backward) and the gate has its own backward
+(``gate_backward``). The short-prefix rule needs nothing extra: when t <= W no stripe precedes the
+window, every slot is empty, every O_j is the causal attention over [0, pos] and the uniform gate
+returns it. No host synchronisation.
 """
 
 from __future__ import annotations
