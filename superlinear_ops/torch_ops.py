@@ -1,7 +1,7 @@
 """The span ops as torch.library custom ops, each running the dispatcher's choice.
 
 ``superlinear_ops::span_forward``, ``::span_backward``, ``::staged_decode`` and the whole layer's
-``::layer_search``, ``::layer_spans`` and ``::layer_gate`` (the layer composes them with
+``::layer_search``, ``::layer_spans``, ``::layer_gate_scores`` and ``::layer_gate`` (the layer composes them with
 ``span_forward`` and its differentiable gate scores, ``layer.attention``) have fake (meta)
 implementations and autograd registration, so ``torch.compile(fullgraph=True)`` traces models
 that call them and ``torch.library.opcheck`` passes. Inputs arrive validated by ``api``.
@@ -15,7 +15,7 @@ from torch import Tensor
 from . import dispatch, geometry
 from .decode.settings import DecodeSettings
 from .kernels.launch import LaunchGeometry
-from .layer.attention import gate_backward, gate_forward, spans_of_anchors
+from .layer.attention import gate_backward, gate_forward, gate_scores_backward, gate_scores_forward, spans_of_anchors
 from .problem import SPAN_BACKWARD, SPAN_FORWARD, Problem
 
 NAMESPACE = "superlinear_ops"
@@ -248,3 +248,40 @@ def _layer_gate_backward(ctx, grad):
 
 
 torch.library.register_autograd(f"{NAMESPACE}::layer_gate", _layer_gate_backward, setup_context=_setup_gate_context)
+
+
+@torch.library.custom_op(f"{NAMESPACE}::layer_gate_scores", mutates_args=())
+def layer_gate_scores(q1: Tensor, k: Tensor, anchors: Tensor) -> Tensor:
+    """Gate scores Q1 . K[anchor] [B, Hq, Lq, topk] (``layer.attention.gate_scores_forward``)."""
+    return gate_scores_forward(q1, k, anchors)
+
+
+@layer_gate_scores.register_fake
+def _layer_gate_scores_fake(q1, k, anchors):
+    return anchors.new_empty(anchors.shape, dtype=torch.float64 if q1.dtype == torch.float64 else torch.float32)
+
+
+@torch.library.custom_op(f"{NAMESPACE}::layer_gate_scores_backward", mutates_args=())
+def layer_gate_scores_backward(q1: Tensor, k: Tensor, anchors: Tensor, grad: Tensor) -> tuple[Tensor, Tensor]:
+    """(dQ1, dK) of ``layer_gate_scores``."""
+    return gate_scores_backward(q1, k, anchors, grad)
+
+
+@layer_gate_scores_backward.register_fake
+def _layer_gate_scores_backward_fake(q1, k, anchors, grad):
+    return torch.empty_like(q1), torch.empty_like(k)
+
+
+def _setup_gate_scores_context(ctx, inputs, output) -> None:
+    ctx.save_for_backward(*inputs)
+
+
+def _layer_gate_scores_backward(ctx, grad):
+    q1, k, anchors = ctx.saved_tensors
+    d_q1, d_k = layer_gate_scores_backward(q1, k, anchors, grad)
+    return d_q1, d_k, None
+
+
+torch.library.register_autograd(
+    f"{NAMESPACE}::layer_gate_scores", _layer_gate_scores_backward, setup_context=_setup_gate_scores_context
+)

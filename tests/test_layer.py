@@ -447,3 +447,26 @@ def test_bad_inputs_raise_naming_the_argument(build, error, name: str, gen: torc
     x = make_inputs(ALIAS_CASE, gen)
     with pytest.raises(error, match=name):
         layer_api.superlinear_attention(**build(x))
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64], ids=["triton", "pytorch"])
+def test_gate_scores_op_matches_a_gather_and_gives_empty_slots_no_gradient(dtype) -> None:
+    """The gate-score op alone, with an arbitrary upstream gradient (empty slots included): the
+    float32 inputs run the Triton kernels (interpreter), float64 the PyTorch path."""
+    from superlinear_ops.layer.attention import EMPTY_SCORE, gate_scores
+
+    gen = torch.Generator().manual_seed(11)
+    q1 = torch.randn(2, 4, 5, 24, generator=gen, dtype=dtype, requires_grad=True)
+    k = torch.randn(2, 2, 9, 24, generator=gen, dtype=dtype, requires_grad=True)
+    anchors = torch.randint(-1, 9, (2, 4, 5, 3), generator=gen)
+    assert (anchors < 0).any() and (anchors >= 0).any()
+    grad = torch.randn(anchors.shape, generator=gen, dtype=torch.float64)
+    scores = gate_scores(q1, k, anchors)
+    got = torch.autograd.grad(scores, (q1, k), grad.to(scores.dtype))
+    q64, k64 = (t.detach().double().requires_grad_() for t in (q1, k))
+    rows = k64[torch.arange(2)[:, None, None, None], (torch.arange(4) // 2)[None, :, None, None], anchors.clamp(min=0)]
+    expected = torch.where(anchors >= 0, (rows * q64[..., None, :]).sum(-1), torch.full(anchors.shape, EMPTY_SCORE, dtype=torch.float64))
+    want = torch.autograd.grad(expected, (q64, k64), grad)
+    torch.testing.assert_close(scores.double(), expected, rtol=1e-5, atol=1e-5)
+    for a, b in zip(got, want):
+        torch.testing.assert_close(a.double(), b, rtol=1e-5, atol=1e-5)

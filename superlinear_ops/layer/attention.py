@@ -17,6 +17,7 @@ import torch
 
 from .. import geometry
 from ..decode.settings import DecodeSettings
+from ..kernels.launch import unit_stride
 from ..problem import device_identity
 
 EMPTY_SCORE = -1e9  # the gate score of an empty slot (SPEC section 7, step 4)
@@ -43,56 +44,64 @@ def spans_of_anchors(
     return qstart, qend.to(torch.int64, copy=True)  # a copy: with ff = 0 qend is the anchors themselves
 
 
-class _GateScores(torch.autograd.Function):
-    """v = Q1 . K[rows] per slot, in ``cdt``, with a hand-written backward: dQ1 = sum_j dv_j K[row_j],
-    and dK by an fp32 index_add whose atomics take the many slots that share a row far faster than
-    the sort of an indexed write or bf16 atomics (no batched matrix products of 1-row matrices)."""
-
-    @staticmethod
-    def forward(ctx, q1: torch.Tensor, k_rows: torch.Tensor, rows: torch.Tensor, cdt: torch.dtype) -> torch.Tensor:
-        ctx.save_for_backward(q1, k_rows, rows)
-        ctx.cdt = cdt
-        keys = k_rows.index_select(0, rows.reshape(-1)).view(*rows.shape, -1)  # [B, Hq, Lq, topk, D]
-        return (keys.to(cdt) * q1.to(cdt)[..., None, :]).sum(dim=-1)
-
-    @staticmethod
-    def backward(ctx, grad: torch.Tensor):
-        q1, k_rows, rows = ctx.saved_tensors
-        grad = grad.to(ctx.cdt)
-        d_q1 = d_k = None
-        if ctx.needs_input_grad[0]:
-            keys = k_rows.index_select(0, rows.reshape(-1)).view(*rows.shape, -1)
-            d_q1 = (grad[..., None] * keys.to(ctx.cdt)).sum(dim=-2).to(q1.dtype)
-        if ctx.needs_input_grad[1]:
-            d_k = torch.zeros(k_rows.shape, dtype=torch.promote_types(ctx.cdt, torch.float32), device=k_rows.device)
-            d_k.index_add_(0, rows.reshape(-1), (grad[..., None] * q1.to(ctx.cdt)[..., None, :]).reshape(-1, k_rows.shape[1]))
-            d_k = d_k.to(k_rows.dtype)
-        return d_q1, d_k, None, None
-
-
-def gate_scores(q1: torch.Tensor, k: torch.Tensor, anchors: torch.Tensor) -> torch.Tensor:
-    """v_j = Q1[b, h, q] . K[b, kv(h), anchor_j] [B, Hq, Lq, topk], fp32 (float64 for float64 inputs),
-    EMPTY_SCORE where the anchor is -1; differentiable in Q1 and K."""
+def _key_rows(k: torch.Tensor, anchors: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(K as rows [B * Hkv * Lkv, D], each slot's row index [B, Hq, Lq, topk]; an empty slot's is its
+    group's first row)."""
     batch, hq, lq, slots = anchors.shape
     hkv, lkv = k.shape[1], k.shape[2]
-    cdt = torch.float64 if q1.dtype == torch.float64 else torch.float32
     rows = torch.arange(batch * hkv, device=k.device).view(batch, hkv, 1, 1, 1) * lkv
     rows = rows.expand(batch, hkv, hq // hkv, lq, slots).reshape(batch, hq, lq, slots) + anchors.clamp(min=0)
-    scores = _GateScores.apply(q1, k.reshape(batch * hkv * lkv, -1), rows, cdt)
+    return k.reshape(batch * hkv * lkv, -1), rows
+
+
+def _triton_serves(device: torch.device, dtype: torch.dtype) -> bool:
+    """Whether the Triton gate kernels serve: 16- or 32-bit data where Triton kernels run (a GPU, or
+    the interpreter); PyTorch serves the CPU reference and float64."""
+    identity = device_identity(device)
+    return dtype != torch.float64 and (identity.is_gpu or identity.interpreter)
+
+
+def gate_scores_forward(q1: torch.Tensor, k: torch.Tensor, anchors: torch.Tensor) -> torch.Tensor:
+    """v_j = Q1[b, h, q] . K[b, kv(h), anchor_j] [B, Hq, Lq, topk], fp32 (float64 for float64 inputs),
+    EMPTY_SCORE where the anchor is -1."""
+    if _triton_serves(q1.device, q1.dtype):
+        from .gate_kernel import gate_scores_forward as kernel  # imports Triton on first use only
+
+        return kernel(unit_stride(q1), unit_stride(k), anchors.contiguous())
+    k_rows, rows = _key_rows(k, anchors)
+    keys = k_rows.index_select(0, rows.reshape(-1)).view(*rows.shape, -1)  # [B, Hq, Lq, topk, D]
+    cdt = torch.float64 if q1.dtype == torch.float64 else torch.float32
+    scores = (keys.to(cdt) * q1.to(cdt)[..., None, :]).sum(dim=-1)
     return torch.where(anchors >= 0, scores, torch.full_like(scores, EMPTY_SCORE))
 
 
-def _triton_gate(scores: torch.Tensor, span_out: torch.Tensor) -> bool:
-    """Whether the Triton gate serves: fp32 scores where Triton kernels run (a GPU, or the interpreter)."""
-    device = device_identity(span_out.device)
-    return scores.dtype == torch.float32 and (device.is_gpu or device.interpreter)
+def gate_scores_backward(q1: torch.Tensor, k: torch.Tensor, anchors: torch.Tensor, grad: torch.Tensor):
+    """(dQ1, dK) of ``gate_scores_forward`` for ``grad`` [B, Hq, Lq, topk]: dQ1 = sum_j dv_j K[anchor_j]
+    and dK[anchor_j] += dv_j Q1 (fp32 atomics or index_add: many slots share a row)."""
+    grad = torch.where(anchors >= 0, grad, torch.zeros_like(grad))  # an empty slot's score is a constant
+    if _triton_serves(q1.device, q1.dtype):
+        from .gate_kernel import gate_scores_backward as kernel
+
+        return kernel(unit_stride(q1), unit_stride(k), anchors.contiguous(), grad.to(torch.float32).contiguous())
+    k_rows, rows = _key_rows(k, anchors)
+    keys = k_rows.index_select(0, rows.reshape(-1)).view(*rows.shape, -1)
+    d_q1 = (grad[..., None] * keys.to(grad.dtype)).sum(dim=-2).to(q1.dtype)
+    d_k = torch.zeros(k_rows.shape, dtype=grad.dtype, device=k.device)
+    d_k.index_add_(0, rows.reshape(-1), (grad[..., None] * q1.to(grad.dtype)[..., None, :]).reshape(-1, k_rows.shape[1]))
+    return d_q1, d_k.view(k.shape).to(k.dtype)
+
+
+def gate_scores(q1: torch.Tensor, k: torch.Tensor, anchors: torch.Tensor) -> torch.Tensor:
+    """``gate_scores_forward`` as the custom op ``superlinear_ops::layer_gate_scores`` (``torch_ops``),
+    differentiable in Q1 and K."""
+    return torch.ops.superlinear_ops.layer_gate_scores(q1, k, anchors)
 
 
 def gate_forward(scores: torch.Tensor, span_out: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     """O = sum_j softmax(scores)_j O_j [B, Hq, Lq, D] in ``dtype`` (step 4) for scores [B, Hq, Lq, topk]
     and span outputs [B, Hq, Lq, topk, D]: the Triton gate (``gate_kernel``) where it serves, PyTorch
     otherwise (the CPU and float64 path)."""
-    if _triton_gate(scores, span_out):
+    if scores.dtype == torch.float32 and _triton_serves(span_out.device, span_out.dtype):
         from .gate_kernel import gate_forward as kernel  # imports Triton on first use only
 
         return kernel(scores.contiguous(), span_out.contiguous(), dtype)
@@ -103,7 +112,7 @@ def gate_forward(scores: torch.Tensor, span_out: torch.Tensor, dtype: torch.dtyp
 def gate_backward(scores: torch.Tensor, span_out: torch.Tensor, grad: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """(d scores, d span outputs) of ``gate_forward`` for ``grad`` [B, Hq, Lq, D]: dO_j = g_j grad and
     dv_j = g_j (s_j - sum_k g_k s_k) with s_j = grad . O_j."""
-    if _triton_gate(scores, span_out):
+    if scores.dtype == torch.float32 and _triton_serves(span_out.device, span_out.dtype):
         from .gate_kernel import gate_backward as kernel
 
         return kernel(scores.contiguous(), span_out.contiguous(), grad.contiguous())

@@ -1,10 +1,11 @@
-"""The layer's gate in Triton (SPEC section 7, step 4): O = sum_j softmax(v)_j O_j and its backward,
-one pass over the per-span outputs each way, instead of a chain of PyTorch elementwise ops and
-reductions over [B, Hq, Lq, topk, D] fp32 temporaries.
+"""The layer's gate in Triton (SPEC section 7, step 4), forward and backward, in place of chains of
+PyTorch gathers, elementwise ops and reductions over [B, Hq, Lq, topk, D] fp32 temporaries.
 
-Rows are (b, h, q); ``BLOCK_R`` rows per program. Forward: out = sum_j g_j O_j with g = softmax(v)
-in fp32. Backward, for dOut: dO_j = g_j dOut and dv_j = g_j (s_j - sum_k g_k s_k) with
-s_j = dOut . O_j.
+Rows are (b, h, q); ``BLOCK_R`` rows per program.
+- Gate scores: v_j = Q1 . K[anchor_j] in fp32 (EMPTY_SCORE for an empty slot); backward
+  dQ1 = sum_j dv_j K[anchor_j], and dK[anchor_j] += dv_j Q1 by fp32 atomics.
+- Gate: out = sum_j g_j O_j with g = softmax(v) in fp32; backward, for dOut: dO_j = g_j dOut and
+  dv_j = g_j (s_j - sum_k g_k s_k) with s_j = dOut . O_j.
 """
 
 from __future__ import annotations
@@ -14,8 +15,65 @@ import triton
 import triton.language as tl
 
 from ..buckets import next_power_of_two
+from .attention import EMPTY_SCORE as EMPTY_SLOT_SCORE
 
 BLOCK_R = 16
+EMPTY_SCORE = tl.constexpr(EMPTY_SLOT_SCORE)
+
+
+@triton.jit
+def _score_rows(Q1_ptr, rows, row_ok, offs_d, d_mask, stride_qb, stride_qh, stride_ql, H_Q, L_Q, REP):
+    """Q1 rows [BLOCK_R, BLOCK_D] fp32 of rows (b, h, q) = row, and their batch and KV head."""
+    query = rows % L_Q
+    head = (rows // L_Q) % H_Q
+    batch = rows // L_Q // H_Q
+    q1 = tl.load(Q1_ptr + (batch * stride_qb + head * stride_qh + query * stride_ql)[:, None] + offs_d[None, :],
+                 mask=row_ok[:, None] & d_mask[None, :], other=0.0).to(tl.float32)
+    return q1, batch, head // REP
+
+
+@triton.jit
+def gate_scores_kernel(Q1_ptr, K_ptr, A_ptr, S_ptr, stride_qb, stride_qh, stride_ql, stride_kb, stride_kh, stride_kl,
+                       N_ROWS, H_Q, L_Q, REP, D_HEAD: tl.constexpr, TOPK: tl.constexpr, BLOCK_D: tl.constexpr,
+                       BLOCK_R: tl.constexpr):
+    rows = tl.program_id(0).to(tl.int64) * BLOCK_R + tl.arange(0, BLOCK_R)
+    row_ok = rows < N_ROWS
+    offs_d = tl.arange(0, BLOCK_D)
+    d_mask = offs_d < D_HEAD
+    q1, batch, kv_head = _score_rows(Q1_ptr, rows, row_ok, offs_d, d_mask, stride_qb, stride_qh, stride_ql, H_Q, L_Q, REP)
+    kv_base = batch * stride_kb + kv_head * stride_kh
+    for j in tl.static_range(TOPK):
+        anchor = tl.load(A_ptr + rows * TOPK + j, mask=row_ok, other=-1)
+        used = anchor >= 0
+        keys = tl.load(K_ptr + (kv_base + anchor * stride_kl)[:, None] + offs_d[None, :],
+                       mask=used[:, None] & d_mask[None, :], other=0.0).to(tl.float32)
+        score = tl.where(used, tl.sum(q1 * keys, axis=1), EMPTY_SCORE)
+        tl.store(S_ptr + rows * TOPK + j, score, mask=row_ok)
+
+
+@triton.jit
+def gate_scores_backward_kernel(Q1_ptr, K_ptr, A_ptr, dS_ptr, dQ1_ptr, dK_ptr, stride_qb, stride_qh, stride_ql,
+                                stride_kb, stride_kh, stride_kl, N_ROWS, H_Q, L_Q, REP, H_KV, L_KV,
+                                D_HEAD: tl.constexpr, TOPK: tl.constexpr, BLOCK_D: tl.constexpr,
+                                BLOCK_R: tl.constexpr):
+    rows = tl.program_id(0).to(tl.int64) * BLOCK_R + tl.arange(0, BLOCK_R)
+    row_ok = rows < N_ROWS
+    offs_d = tl.arange(0, BLOCK_D)
+    d_mask = offs_d < D_HEAD
+    q1, batch, kv_head = _score_rows(Q1_ptr, rows, row_ok, offs_d, d_mask, stride_qb, stride_qh, stride_ql, H_Q, L_Q, REP)
+    kv_base = batch * stride_kb + kv_head * stride_kh
+    d_q1 = tl.zeros((BLOCK_R, BLOCK_D), dtype=tl.float32)
+    for j in tl.static_range(TOPK):
+        anchor = tl.load(A_ptr + rows * TOPK + j, mask=row_ok, other=-1)
+        used = anchor >= 0
+        rd_used = used[:, None] & d_mask[None, :]
+        d_score = tl.load(dS_ptr + rows * TOPK + j, mask=used, other=0.0)
+        keys = tl.load(K_ptr + (kv_base + anchor * stride_kl)[:, None] + offs_d[None, :], mask=rd_used, other=0.0)
+        d_q1 += d_score[:, None] * keys.to(tl.float32)
+        key_rows = (batch * H_KV + kv_head) * L_KV + anchor  # dK is a contiguous fp32 [B, Hkv, Lkv, D]
+        tl.atomic_add(dK_ptr + key_rows[:, None] * D_HEAD + offs_d[None, :], d_score[:, None] * q1, mask=rd_used)
+    tl.store(dQ1_ptr + rows[:, None] * D_HEAD + offs_d[None, :], d_q1.to(dQ1_ptr.dtype.element_ty),
+             mask=row_ok[:, None] & d_mask[None, :])
 
 
 @triton.jit
@@ -94,3 +152,36 @@ def gate_backward(scores: torch.Tensor, span_out: torch.Tensor, grad_out: torch.
     if d_scores.numel():
         _launch(gate_backward_kernel, scores, span_out, grad_out, d_span_out, d_scores)
     return d_scores, d_span_out
+
+
+def _score_grid(anchors: torch.Tensor) -> tuple[int]:
+    return (triton.cdiv(anchors.numel() // anchors.shape[-1], BLOCK_R),)
+
+
+def gate_scores_forward(q1: torch.Tensor, k: torch.Tensor, anchors: torch.Tensor) -> torch.Tensor:
+    """v [B, Hq, Lq, topk] fp32 for Q1 [B, Hq, Lq, D] and K [B, Hkv, Lkv, D] with unit D strides and
+    contiguous int64 anchors."""
+    scores = torch.empty(anchors.shape, dtype=torch.float32, device=anchors.device)
+    if scores.numel():
+        batch, hq, lq, topk = anchors.shape
+        gate_scores_kernel[_score_grid(anchors)](
+            q1, k, anchors, scores, *q1.stride()[:3], *k.stride()[:3], scores.numel() // topk, hq, lq, hq // k.shape[1],
+            D_HEAD=q1.shape[-1], TOPK=topk, BLOCK_D=next_power_of_two(q1.shape[-1]), BLOCK_R=BLOCK_R,
+        )
+    return scores
+
+
+def gate_scores_backward(q1: torch.Tensor, k: torch.Tensor, anchors: torch.Tensor, grad: torch.Tensor):
+    """(dQ1 in Q1's dtype, dK in K's dtype) of ``gate_scores_forward`` for contiguous fp32 ``grad``."""
+    d_q1 = torch.empty(q1.shape, dtype=q1.dtype, device=q1.device)
+    d_k = torch.zeros(k.shape, dtype=torch.float32, device=k.device)
+    if anchors.numel():
+        batch, hq, lq, topk = anchors.shape
+        gate_scores_backward_kernel[_score_grid(anchors)](
+            q1, k, anchors, grad, d_q1, d_k, *q1.stride()[:3], *k.stride()[:3], anchors.numel() // topk, hq, lq,
+            hq // k.shape[1], k.shape[1], k.shape[2],
+            D_HEAD=q1.shape[-1], TOPK=topk, BLOCK_D=next_power_of_two(q1.shape[-1]), BLOCK_R=BLOCK_R,
+        )
+    else:
+        d_q1.zero_()
+    return d_q1, d_k.to(k.dtype)
