@@ -22,26 +22,29 @@ EMPTY_SCORE = tl.constexpr(EMPTY_SLOT_SCORE)
 
 
 @triton.jit
-def _score_rows(Q1_ptr, rows, row_ok, offs_d, d_mask, stride_qb, stride_qh, stride_ql, H_Q, L_Q, REP):
-    """Q1 rows [BLOCK_R, BLOCK_D] fp32 of rows (b, h, q) = row, and their batch and KV head."""
+def _score_rows(Q1_ptr, stride_qb, stride_qh, stride_ql, stride_kb, stride_kh, N_ROWS, H_Q, L_Q, REP,
+                D_HEAD: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_R: tl.constexpr):
+    """This program's rows (b, h, q): (rows, row_ok, offs_d, d_mask, Q1 rows [BLOCK_R, BLOCK_D] fp32,
+    batch, KV head, and the offset of that batch and KV head in K)."""
+    rows = tl.program_id(0).to(tl.int64) * BLOCK_R + tl.arange(0, BLOCK_R)
+    row_ok = rows < N_ROWS
+    offs_d = tl.arange(0, BLOCK_D)
+    d_mask = offs_d < D_HEAD
     query = rows % L_Q
     head = (rows // L_Q) % H_Q
     batch = rows // L_Q // H_Q
     q1 = tl.load(Q1_ptr + (batch * stride_qb + head * stride_qh + query * stride_ql)[:, None] + offs_d[None, :],
                  mask=row_ok[:, None] & d_mask[None, :], other=0.0).to(tl.float32)
-    return q1, batch, head // REP
+    kv_head = head // REP
+    return rows, row_ok, offs_d, d_mask, q1, batch, kv_head, batch * stride_kb + kv_head * stride_kh
 
 
 @triton.jit
 def gate_scores_kernel(Q1_ptr, K_ptr, A_ptr, S_ptr, stride_qb, stride_qh, stride_ql, stride_kb, stride_kh, stride_kl,
                        N_ROWS, H_Q, L_Q, REP, D_HEAD: tl.constexpr, TOPK: tl.constexpr, BLOCK_D: tl.constexpr,
                        BLOCK_R: tl.constexpr):
-    rows = tl.program_id(0).to(tl.int64) * BLOCK_R + tl.arange(0, BLOCK_R)
-    row_ok = rows < N_ROWS
-    offs_d = tl.arange(0, BLOCK_D)
-    d_mask = offs_d < D_HEAD
-    q1, batch, kv_head = _score_rows(Q1_ptr, rows, row_ok, offs_d, d_mask, stride_qb, stride_qh, stride_ql, H_Q, L_Q, REP)
-    kv_base = batch * stride_kb + kv_head * stride_kh
+    rows, row_ok, offs_d, d_mask, q1, batch, kv_head, kv_base = _score_rows(
+        Q1_ptr, stride_qb, stride_qh, stride_ql, stride_kb, stride_kh, N_ROWS, H_Q, L_Q, REP, D_HEAD, BLOCK_D, BLOCK_R)
     for j in tl.static_range(TOPK):
         anchor = tl.load(A_ptr + rows * TOPK + j, mask=row_ok, other=-1)
         used = anchor >= 0
@@ -56,12 +59,8 @@ def gate_scores_backward_kernel(Q1_ptr, K_ptr, A_ptr, dS_ptr, dQ1_ptr, dK_ptr, s
                                 stride_kb, stride_kh, stride_kl, N_ROWS, H_Q, L_Q, REP, H_KV, L_KV,
                                 D_HEAD: tl.constexpr, TOPK: tl.constexpr, BLOCK_D: tl.constexpr,
                                 BLOCK_R: tl.constexpr):
-    rows = tl.program_id(0).to(tl.int64) * BLOCK_R + tl.arange(0, BLOCK_R)
-    row_ok = rows < N_ROWS
-    offs_d = tl.arange(0, BLOCK_D)
-    d_mask = offs_d < D_HEAD
-    q1, batch, kv_head = _score_rows(Q1_ptr, rows, row_ok, offs_d, d_mask, stride_qb, stride_qh, stride_ql, H_Q, L_Q, REP)
-    kv_base = batch * stride_kb + kv_head * stride_kh
+    rows, row_ok, offs_d, d_mask, q1, batch, kv_head, kv_base = _score_rows(
+        Q1_ptr, stride_qb, stride_qh, stride_ql, stride_kb, stride_kh, N_ROWS, H_Q, L_Q, REP, D_HEAD, BLOCK_D, BLOCK_R)
     d_q1 = tl.zeros((BLOCK_R, BLOCK_D), dtype=tl.float32)
     for j in tl.static_range(TOPK):
         anchor = tl.load(A_ptr + rows * TOPK + j, mask=row_ok, other=-1)
