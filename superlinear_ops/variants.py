@@ -130,6 +130,11 @@ def tc_reasons(tiles: dict, default, problem: Problem) -> list[str]:
     return reasons
 
 
+def always_applies(problem: Problem) -> list[str]:
+    """No reasons: the variant serves every problem (the layer's search reference works in chunks)."""
+    return []
+
+
 def reference_reasons(problem: Problem) -> list[str]:
     """Why the dense PyTorch reference is unfit (it materialises every score)."""
     scores = problem.batch * problem.q_heads * problem.queries * problem.spans * problem.keys
@@ -445,7 +450,7 @@ REGISTRY.register(Variant(
     "rows by one tensor-core dot (its diagonal); top-k in registers; spans and window by the span ops' dispatch",
 ))
 REGISTRY.register(Variant(
-    op=ATTENTION_LAYER, name="reference", launch=search_reference, space=(), reasons=lambda problem: [],
+    op=ATTENTION_LAYER, name="reference", launch=search_reference, space=(), reasons=always_applies,
     compile_check=no_check, default=reference_default, priority=100,
     description="PyTorch stripe search (scores gathered in query chunks, stable sort for the ties); CPU, float64 "
     "and fallback",

@@ -187,6 +187,23 @@ def test_decode_call_through_the_original_attention_package_reaches_our_dispatch
     assert torch.equal(alias, expected)
 
 
+def test_prefill_call_through_the_original_attention_package_reaches_our_layer(select_calls) -> None:
+    patch_superlinear()
+    gen = torch.Generator().manual_seed(2)
+    q1, q2 = (torch.randn(1, 2, 6, 16, generator=gen) for _ in range(2))
+    k, v = (torch.randn(1, 1, 40, 16, generator=gen) for _ in range(2))
+    positions = torch.arange(34, 40)  # a chunk over a cached prefix, t > W = 15: stripes exist
+
+    out = superlinear.kernels.superlinear.attention.fused_prefill_with_swtriton_gqa(
+        q1, q2, k, v, positions, None, SW_INDEX, 2, inv_search_power_int=INV_POWER, forward_factor=1.0,
+    )
+    assert any(problem.op == "attention_layer" for problem in select_calls), "the prefill call did not reach the layer's dispatch"
+    expected = superlinear_ops.superlinear_attention(q1, q2, k, v, positions, None, SW_INDEX, 2, forward_factor=1.0,
+                                                     inv_search_power_int=INV_POWER)
+    assert out.shape == (1, 2, 6, 16)
+    assert torch.equal(out, expected)
+
+
 def test_patching_twice_is_harmless_and_unpatch_restores_the_originals() -> None:
     first = patch_superlinear()
     second = patch_superlinear()
