@@ -39,6 +39,7 @@ from superlinear_ops.kernels.window_attention import (
     window_attention_kernel,
 )
 from superlinear_ops.reference import span_forward_reference
+from superlinear_ops.tuner.runner import search_like_spans
 
 BANDWIDTH, BF16_FLOPS = 4.3e12, 790e12
 B, HQ, HKV, D, K_SPANS = 1, 32, 2, 128, 3
@@ -54,17 +55,9 @@ SWEEP_SPAN = [(128, 64, 8, 3), (64, 64, 4, 4)]
 OLD_CONFIG = KernelConfig(block_k=16, num_warps=1, num_stages=1)
 
 
-def spans(gen, lq, cache_position, lkv, window, bf=3.0, ff=1.0, power=0.55):
-    """Random anchors before each window, spans ceil(bf t^p) back and ceil(ff t^p) forward (clamped)."""
-    shape = (B, HQ, lq, K_SPANS)
-    pos = cache_position.clamp(max=lkv - 1).view(1, 1, -1, 1).long()
-    limit = (pos - window + 1).clamp(min=0) if window > 0 else pos + 1
-    anchor = (torch.rand(shape, generator=gen, device=pos.device) * limit).floor().long()
-    t = (pos + 1).double()
-    qstart = (anchor - torch.ceil(bf * t.pow(power)).long()).clamp(min=0)
-    qend = torch.minimum(anchor + torch.ceil(ff * t.pow(power)).long(), limit - 1)
-    unused = (limit <= 0).expand(shape)
-    return torch.where(unused, -1, qstart), torch.where(unused, -1, qend)
+def spans(gen, lq, cache_position, lkv, window):
+    """Spans as model M's search would produce them (``search_like_spans``): bf 3, ff 1, power 0.55."""
+    return search_like_spans((B, HQ, lq, K_SPANS), cache_position, lkv, window, (3.0, 1.0, 0.55), gen)
 
 
 def reference_rows(geo, sel, heads_per_chunk=8):

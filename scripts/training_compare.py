@@ -28,6 +28,7 @@ from superlinear_ops.kernels.span_forward import span_forward
 from superlinear_ops.kernels.span_tc_backward import SPAN_TC_BACKWARD_DEFAULTS, span_backward_tc
 from superlinear_ops.kernels.span_tiles import clamped_span_bounds
 from superlinear_ops.reference import span_backward_reference, span_forward_reference
+from superlinear_ops.tuner.runner import search_like_spans
 
 try:
     from superlinear_ops.kernels.span_tc_forward import TC_FORWARD_DEFAULTS, span_forward_tc
@@ -51,19 +52,6 @@ SWEEP = {  # tried at 16K, one part at a time (the other at its default)
 }
 
 
-def spans(gen, hq, cache_position, lkv, window):
-    """Anchors uniform before each window; qstart = a - ceil(bf t^p), qend = min(a + ceil(ff t^p), limit - 1)."""
-    pos = cache_position.view(1, 1, -1, 1)
-    limit = (pos - window + 1).clamp(min=0)
-    shape = (1, hq, cache_position.numel(), K_SPANS)
-    anchor = (torch.rand(shape, generator=gen, device=pos.device) * limit).floor().long()
-    t = (pos + 1).double()
-    qstart = (anchor - torch.ceil(BF * t.pow(SPAN_POWER)).long()).clamp(min=0)
-    qend = torch.minimum(anchor + torch.ceil(FF * t.pow(SPAN_POWER)).long(), limit - 1)
-    unused = (limit <= 0).expand(shape)
-    return torch.where(unused, -1, qstart), torch.where(unused, -1, qend)
-
-
 def problem(length, hq=HQ, hkv=HKV, seed=0, masked=False, queries=None):
     """bf16 inputs of model M (cache_position = the last ``queries`` positions of ``length`` keys)."""
     dev = torch.device(DEVICE)
@@ -75,7 +63,7 @@ def problem(length, hq=HQ, hkv=HKV, seed=0, masked=False, queries=None):
     if queries:  # random, unsorted positions
         cache_position = cache_position[torch.randperm(lq, generator=gen, device=dev)]
     mask = (torch.rand(1, length, generator=gen, device=dev) > 0.1) if masked else None
-    qstart, qend = spans(gen, hq, cache_position, length, WINDOW)
+    qstart, qend = search_like_spans((1, hq, lq, K_SPANS), cache_position, length, WINDOW, (BF, FF, SPAN_POWER), gen)
     return LaunchGeometry.prepare(q, k, v, qstart, qend, cache_position, mask, WINDOW)
 
 

@@ -236,18 +236,6 @@ def _layer_gate_backward_fake(scores, span_out, grad):
     return torch.empty_like(scores), torch.empty_like(span_out)
 
 
-def _setup_gate_context(ctx, inputs, output) -> None:
-    scores, span_out, _ = inputs
-    ctx.save_for_backward(scores, span_out)
-
-
-def _layer_gate_backward(ctx, grad):
-    scores, span_out = ctx.saved_tensors
-    d_scores, d_span_out = layer_gate_backward(scores, span_out, grad)
-    return d_scores, d_span_out, None
-
-
-torch.library.register_autograd(f"{NAMESPACE}::layer_gate", _layer_gate_backward, setup_context=_setup_gate_context)
 
 
 @torch.library.custom_op(f"{NAMESPACE}::layer_gate_scores", mutates_args=())
@@ -272,16 +260,19 @@ def _layer_gate_scores_backward_fake(q1, k, anchors, grad):
     return torch.empty_like(q1), torch.empty_like(k)
 
 
-def _setup_gate_scores_context(ctx, inputs, output) -> None:
-    ctx.save_for_backward(*inputs)
+def _save_tensor_inputs(ctx, inputs, output) -> None:
+    ctx.save_for_backward(*(x for x in inputs if isinstance(x, Tensor)))
 
 
-def _layer_gate_scores_backward(ctx, grad):
-    q1, k, anchors = ctx.saved_tensors
-    d_q1, d_k = layer_gate_scores_backward(q1, k, anchors, grad)
-    return d_q1, d_k, None
+def _backward_by(backward_op):
+    """An autograd formula for an op whose last input takes no gradient and whose ``backward_op``
+    takes the op's tensor inputs and the output's gradient."""
+
+    def backward(ctx, grad):
+        return (*backward_op(*ctx.saved_tensors, grad), None)
+
+    return backward
 
 
-torch.library.register_autograd(
-    f"{NAMESPACE}::layer_gate_scores", _layer_gate_scores_backward, setup_context=_setup_gate_scores_context
-)
+for _op, _backward in ((layer_gate, layer_gate_backward), (layer_gate_scores, layer_gate_scores_backward)):
+    torch.library.register_autograd(_op, _backward_by(_backward), setup_context=_save_tensor_inputs)

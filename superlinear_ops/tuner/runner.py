@@ -57,14 +57,15 @@ class Inputs:
         return replace(self, q=f(self.q), k=f(self.k), v=f(self.v), q1=f(self.q1), grad_out=f(self.grad_out))
 
 
-def _spans(problem: Problem, factors, cache_position: torch.Tensor, gen: torch.Generator, device):
-    """Spans as the search would produce them: anchors before each window, bf/ff-sized spans."""
+def search_like_spans(shape: tuple[int, int, int, int], cache_position: torch.Tensor, key_length: int, window: int,
+                      factors: tuple[float, float, float], gen: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
+    """(qstart, qend) of ``shape`` [B, Hq, Lq, K] as the search would produce them: anchors uniform
+    before each query's window, spans ceil(bf t^p) back and ceil(ff t^p) forward (clamped to end
+    before the window); -1 where no key precedes the window. Also used by the comparison scripts."""
     backward_factor, forward_factor, span_power = factors
-    window = problem.window
-    shape = (problem.batch, problem.q_heads, problem.queries, problem.spans)
-    pos = cache_position.view(1, 1, -1, 1).to(device)
+    pos = cache_position.clamp(max=key_length - 1).view(1, 1, -1, 1).long()
     limit = (pos - window + 1).clamp(min=0) if window > 0 else pos + 1
-    anchor = (torch.rand(shape, generator=gen, device=device) * limit).floor().long()
+    anchor = (torch.rand(shape, generator=gen, device=pos.device) * limit).floor().long()
     t = (pos + 1).double()
     back = torch.ceil(backward_factor * t.pow(span_power)).long()
     forward = torch.ceil(forward_factor * t.pow(span_power)).long()
@@ -97,7 +98,8 @@ def make_inputs(case: Case, device: torch.device, seed: int, queries: int | None
         cache_position = torch.arange(lkv - lq, lkv, device=device)
         if problem.masked:
             mask = torch.rand(b, lkv, generator=gen, device=device) > 0.05
-    qstart, qend = _spans(problem._replace(queries=lq, keys=lkv), case.span_factors, cache_position, gen, device)
+    shape = (b, hq, lq, problem.spans)
+    qstart, qend = search_like_spans(shape, cache_position, lkv, problem.window, case.span_factors, gen)
     grad = randn(b, hq, lq, problem.spans, d) if problem.op == SPAN_BACKWARD else None
     return Inputs(q, k, v, qstart, qend, cache_position, mask, q1, grad)
 
