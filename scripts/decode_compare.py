@@ -24,7 +24,7 @@ from superlinear_ops.decode.settings import DecodeSettings
 from superlinear_ops.problem import device_identity
 from superlinear_ops.registry import REGISTRY
 from superlinear_ops.tuner.bench import lower_bound, sdpa_time
-from superlinear_ops.tuner.runner import ProblemBench, measure, run
+from superlinear_ops.tuner.runner import Inputs, ProblemBench, measure, run
 from superlinear_ops.tuner.workload import Case, load
 
 VARIANTS = ("staged", "split_window", "grouped")
@@ -45,9 +45,9 @@ def kernel_times(call, device: torch.device, runs: int = 20) -> dict[str, float]
     return {name: statistics.median(t) for name, t in times.items()}
 
 
-def api_call(bench: ProblemBench):
-    """The public API on the bench's inputs: validation off, the dispatcher's choice."""
-    p, x = bench.problem, bench.inputs
+def api_call(bench: ProblemBench, inputs: Inputs | None = None):
+    """The public API on ``inputs`` (default: the bench's): validation off, the dispatcher's choice."""
+    p, x = bench.problem, inputs or bench.inputs
     bf, ff, sp = p.factors
     return lambda: decode_span_attention_staged_gqa(  # noqa: E731
         x.q1, x.q, x.k, x.v, x.cache_position, x.mask, p.sw_index, p.spans, backward_factor=bf,
@@ -84,9 +84,10 @@ def graph_replay_matches_eager(bench: ProblemBench, name: str) -> float:
 
 
 def decode_cases(device: torch.device) -> list[Case]:
-    """Model M's decode problems, and B = 4 at 256K."""
+    """Model M's decode problems without a mask over a full context (decode_mask_compare.py has
+    those), the static cache, and B = 4 at 256K."""
     workload = load("tuning/superlinear-exp-v0.1.yaml")
-    cases = [c for c in workload.cases(device_identity(device)) if c.problem.op == "staged_decode"]
+    cases = [c for c in workload.cases(device_identity(device)) if c.problem.op == "staged_decode" and not c.mask_kinds]
     b4 = next(c for c in cases if c.label == "decode 262144")
     return [*cases, dataclasses.replace(b4, label="decode 262144, B=4", problem=b4.problem._replace(batch=4))]
 

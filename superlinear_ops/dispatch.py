@@ -3,7 +3,14 @@
 ``select(problem)`` walks the lookup layers (tuned caches, in order), then falls back to the first
 supported variant's heuristic default. Layers are asked for the problem's own key first, then for
 keys within ``NEAREST_DISTANCE`` buckets; when none holds an entry for this GPU, the same walk
-borrows entries tuned on another GPU of the same architecture. Every rule consulted reads the
+borrows entries tuned on another GPU of the same architecture.
+
+Borrowing rule: an entry of the own key always serves. A neighbouring bucket's entry serves only
+when it was tuned on the same kind of problem: masked or not (exact in every key) and the context
+kind, ``FULL_CONTEXT`` (the keys are the context) or ``STATIC_CACHE`` (a cache allocation tuned over
+the fills a replayed graph sees). A call cannot see how much of its cache is filled (that is on
+the device), so every lookup is of a full context: a static-cache entry never serves a neighbour,
+and when no same-kind entry is found the heuristic default serves. ``explain`` names the rule. Every rule consulted reads the
 problem at its bucket's sizes (``bucketed``), so the answer depends on the key alone and is
 memoised per key: after the first call for a key no layer, file or lock is touched, nothing
 synchronises the device, and the call is safe during CUDA graph capture and from many threads.
@@ -21,14 +28,32 @@ from .problem import Problem
 from .registry import REGISTRY, Registry, Variant
 
 HEURISTIC = "heuristic default"
+FULL_CONTEXT = "full context"  # the problem's keys are its context
+STATIC_CACHE = "static cache"  # a cache allocation, partly filled; tuned over several fills
+CONTEXT_KINDS = (FULL_CONTEXT, STATIC_CACHE)
+RULE_OWN = "own key"
+RULE_NEIGHBOUR = "nearest bucket of the same kind"
+RULE_HEURISTIC = "heuristic default (no entry for the own key, none of the same kind in a neighbouring bucket)"
+
+
+def problem_kind(masked: bool, context: str = FULL_CONTEXT) -> str:
+    """The kind of a problem or entry, e.g. 'masked full context'; ValueError for an unknown context."""
+    if context not in CONTEXT_KINDS:
+        raise ValueError(f"context must be one of {CONTEXT_KINDS}, got {context!r}")
+    return f"{'masked' if masked else 'unmasked'} {context}"
 
 
 @dataclass(frozen=True)
 class TunedChoice:
-    """What a layer stores for a key: a variant name and its configuration."""
+    """What a layer stores for a key: a variant name, its configuration, and the context kind of the
+    problem it was tuned on (``FULL_CONTEXT`` or ``STATIC_CACHE``)."""
 
     variant: str
     config: KernelConfig
+    context: str = FULL_CONTEXT
+
+    def __post_init__(self) -> None:
+        problem_kind(False, self.context)  # ValueError naming an unknown context
 
 
 @dataclass(frozen=True)
@@ -68,10 +93,11 @@ class Explanation:
     variants: list[tuple[str, list[str]]] = field(default_factory=list)
     layers: list[tuple[str, str]] = field(default_factory=list)
     choice: Choice | None = None
+    rule: str = ""  # which borrowing rule decided (RULE_OWN, RULE_NEIGHBOUR or RULE_HEURISTIC)
 
     def text(self) -> str:
         """A readable report."""
-        lines = [f"key: {self.key.text()}", "variants (in priority order):"]
+        lines = [f"key: {self.key.text()}", f"kind: {problem_kind(self.key.masked)}", "variants (in priority order):"]
         for name, reasons in self.variants:
             lines.append(f"  {name}: {'applies' if not reasons else 'not supported: ' + '; '.join(reasons)}")
         lines.append("layers consulted:")
@@ -81,6 +107,7 @@ class Explanation:
         else:
             c = self.choice
             lines.append(f"choice: {c.variant.qualified_name} {c.config.text()} (source: {c.source})")
+            lines.append(f"rule: {self.rule}")
         return "\n".join(lines)
 
 
@@ -150,6 +177,7 @@ class Dispatcher:
             details = "; ".join(f"{name}: {', '.join(r)}" for name, r in trace.variants)
             raise NoVariantError(f"no {problem.op} variant applies to this input ({details})", trace)
         candidates = [(0, key)] + neighbours(key, NEAREST_DISTANCE)
+        wanted = problem_kind(key.masked)
         for borrow in (False, True):
             for layer in self.layers:
                 for distance, candidate in candidates:
@@ -162,17 +190,24 @@ class Dispatcher:
                             trace.layers.append((layer.name, f"miss ({where}): {answer.note}"))
                         continue
                     problem_with_it = self._usable(answer.choice, supported, problem)
+                    kind = problem_kind(candidate.masked, answer.choice.context)
+                    if problem_with_it is None and distance and kind != wanted:
+                        problem_with_it = f"an entry of a {kind} problem is not borrowed for a {wanted} one"
                     if problem_with_it is not None:
                         trace.layers.append((layer.name, f"skipped {where}: {problem_with_it}"))
                         continue
                     source = layer.name if distance == 0 else f"{layer.name}, {where}"
                     if answer.lender is not None:
                         source += f", borrowed from {answer.lender}"
-                    trace.layers.append((layer.name, f"hit ({where}): {answer.choice.variant}"))
+                    trace.layers.append((layer.name, f"hit ({where}): {answer.choice.variant} ({kind} entry)"))
                     trace.choice = Choice(supported[answer.choice.variant], answer.choice.config, source)
+                    trace.rule = RULE_OWN if distance == 0 else f"{RULE_NEIGHBOUR} ({kind}, distance {distance})"
+                    if borrow:
+                        trace.rule += f", tuned on {answer.lender}"
                     return trace
         variant = next(iter(supported.values()))
         trace.choice = Choice(variant, variant.default(problem), HEURISTIC)
+        trace.rule = RULE_HEURISTIC
         return trace
 
     @staticmethod

@@ -282,3 +282,91 @@ def test_rows_off_counts_the_rows_that_differ_and_nan() -> None:
     got[0, 1, 7, 3] = 1e-4  # within tolerance
     got[1, 0, 0, 0] = float("nan")
     assert rows_off(got, expected, 1e-3) == pytest.approx(1 / 8000)
+
+
+MASKED_AND_STATIC = DECODE_ONLY.replace("  - decode: {context: 64}\n", """\
+  - decode: {context: 40, cache: 64}
+  - decode: {context: 64, batch: 2, mask: [ones, holes, left_padding]}
+""")
+
+
+def test_workload_masks_and_batches_give_one_masked_problem_per_key(tmp_path) -> None:
+    path = tmp_path / "masked.yaml"
+    path.write_text(MASKED_AND_STATIC)
+    static, masked = load(path).cases(device_identity(CPU))
+    assert (static.label, static.fills, static.context) == ("decode 40 in 64 static cache", (40, 52, 64), "static cache")
+    assert masked.label == "decode 64, B=2, mask ones/holes/left_padding" and masked.context == "full context"
+    assert (masked.problem.batch, masked.problem.masked, masked.problem.keys) == (2, True, 64)
+    assert masked.timed_inputs() == [(None, "ones"), (None, "holes"), (None, "left_padding")]
+
+
+@pytest.mark.parametrize(
+    "sizes,words",
+    [
+        ("{context: 64, mask: stripes}", ":5: 'mask' must be one of"),
+        ("{context: 64, mask: [holes, holes]}", ":5: 'mask' must be one of"),
+        ("{context: 64, mask: []}", ":5: 'mask' must be one of"),
+        ("{context: 64, cache: 128, mask: ones}", ":5: decode: 'mask' is for a full context"),
+        ("{context: 64, batch: 0}", ":5: 'batch' must be an integer >= 1"),
+    ],
+)
+def test_bad_decode_masks_name_the_field_and_line(tmp_path, sizes, words) -> None:
+    path = tmp_path / "bad.yaml"
+    path.write_text(DECODE_ONLY.replace("{context: 64}", sizes))
+    with pytest.raises(WorkloadError) as err:
+        load(path)
+    assert words in str(err.value)
+
+
+def test_decode_masks_are_what_their_kinds_say() -> None:
+    from superlinear_ops.tuner.runner import LEFT_PADDING, decode_mask
+
+    gen = torch.Generator().manual_seed(0)
+    keys = 4 * LEFT_PADDING
+    assert decode_mask(None, 2, keys, keys, CPU, gen) is None
+    assert decode_mask("ones", 2, keys, keys, CPU, gen).all()
+    assert decode_mask("prefix", 2, keys, 150, CPU, gen).sum(dim=1).tolist() == [150, 150]
+    padded = decode_mask("left_padding", 2, keys, keys, CPU, gen)
+    assert (~padded).sum(dim=1).tolist() == [LEFT_PADDING, 2 * LEFT_PADDING] and padded[:, 2 * LEFT_PADDING:].all()
+    holes = decode_mask("holes", 2, keys, keys, CPU, gen)
+    assert holes[:, -1].all() and 0.03 < (~holes).double().mean().item() < 0.2 and not torch.equal(holes[0], holes[1])
+    with pytest.raises(ValueError, match="mask kind"):
+        decode_mask("stripes", 1, keys, keys, CPU, gen)
+
+
+def test_static_caches_and_masked_contexts_are_tuned_for_the_mean_over_their_inputs(tmp_path, monkeypatch) -> None:
+    """Every candidate's time is the mean over the fills a replayed graph sees (static cache) or over
+    the mask kinds (one key); the static cache's entry is stored as tuned on a static cache."""
+    from superlinear_ops.cache.layers import context_of
+    from superlinear_ops.tuner import runner
+
+    seen: list[tuple[int, tuple]] = []
+    original_run = runner.run
+
+    def recording_run(variant, config, problem, x):
+        holes = () if x.mask is None else tuple((~x.mask).sum(dim=1).tolist())
+        seen.append((int(x.cache_position[-1]), holes))
+        return original_run(variant, config, problem, x)
+
+    def fake_measure(call, device, graph=False):
+        call()
+        return float(seen[-1][0] + 1 + sum(seen[-1][1]))  # the fill plus the masked keys
+
+    monkeypatch.setattr(runner, "run", recording_run)
+    monkeypatch.setattr(runner, "measure", fake_measure)
+    path = tmp_path / "masked.yaml"
+    path.write_text(MASKED_AND_STATIC)
+    cache = tmp_path / "c.sqlite"
+    results = tune(str(path), settings=SearchSettings(trials=2), storage=str(tmp_path / "s.sqlite"), cache=str(cache),
+                   device=CPU, progress=False)
+    static, masked = load(path).cases(device_identity(CPU))
+    assert {s for s in seen if s[0] in (39, 51)} == {(39, (24,)), (51, (12,))}  # fills 40 and 52 of 64, B = 1
+    assert results[0].best_ms == pytest.approx((40 + 24 + 52 + 12 + 64) / 3)
+    kinds = {h for pos, h in seen if pos == 63 and len(h) == 2}
+    holes = kinds - {(0, 0), (63, 63)}  # ones and left padding (it stops before the last key) are the others
+    assert {(0, 0), (63, 63)} <= kinds and holes and all(0 < n < 20 for row in holes for n in row)
+    with Store.reader(cache) as store:
+        entries = {e.key: e for e in store.entries()}
+    assert context_of(entries[key_of(static.problem)]) == "static cache"
+    assert context_of(entries[key_of(masked.problem)]) == "full context"
+    assert entries[key_of(static.problem)].sampler == "tpe/static-cache"

@@ -3,6 +3,9 @@ SUPERLINEAR_OPS_CACHE: a SQLite file, a YAML file or a database URL), the user's
 YAML files shipped with the package. Each opens lazily on its first lookup. A layer that cannot be
 read (corrupt, truncated, missing table, newer schema, unreadable folder) warns once, naming the
 file and the problem, and answers misses from then on: the op always runs.
+
+An entry's context kind (``dispatch.FULL_CONTEXT`` or ``STATIC_CACHE``, which the borrowing rule
+reads) is recorded in its search label: ``search_label`` writes it, ``context_of`` reads it back.
 """
 
 from __future__ import annotations
@@ -17,13 +20,26 @@ from collections.abc import Callable
 from sqlalchemy.exc import SQLAlchemyError
 
 from ..buckets import ProblemKey
-from ..dispatch import DISPATCHER, LayerAnswer, TunedChoice
+from ..dispatch import DISPATCHER, FULL_CONTEXT, STATIC_CACHE, LayerAnswer, TunedChoice
 from . import yaml_file
 from .entry import TunedEntry
 from .store import ENV_CACHE, Store, StoreError, resolve_url, sqlite_path, user_store_path
 from .validity import why_unusable
 
 SHIPPED_PACKAGE = "superlinear_ops.shipped_cache"
+STATIC_CACHE_TAG = "/static-cache"  # search label suffix of an entry tuned over a static cache's fills
+
+
+def search_label(sampler: str, context: str) -> str:
+    """The ``sampler`` field an entry is stored with: the sampler, tagged when tuned on a static cache."""
+    if context not in (FULL_CONTEXT, STATIC_CACHE):
+        raise ValueError(f"context must be {FULL_CONTEXT!r} or {STATIC_CACHE!r}, got {context!r}")
+    return sampler + STATIC_CACHE_TAG if context == STATIC_CACHE else sampler
+
+
+def context_of(entry: TunedEntry) -> str:
+    """The context kind ``entry`` was tuned on (see ``search_label``)."""
+    return STATIC_CACHE if entry.sampler.endswith(STATIC_CACHE_TAG) else FULL_CONTEXT
 
 
 class CacheWarning(RuntimeWarning):
@@ -76,7 +92,7 @@ class EntryLayer:
             reason = why_unusable(entry, key)
             if reason is None:
                 lender = entry.key.device if borrow else None
-                return LayerAnswer(TunedChoice(entry.variant, entry.config), self.where, lender)
+                return LayerAnswer(TunedChoice(entry.variant, entry.config, context_of(entry)), self.where, lender)
             reasons.append(reason if not borrow else f"{entry.key.device}: {reason}")
         return LayerAnswer(None, f"entry in {self.where} skipped: {'; '.join(reasons)}")
 

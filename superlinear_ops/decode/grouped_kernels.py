@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import functools
 import math
-from typing import NamedTuple
 
 import torch
 import triton
@@ -34,11 +33,14 @@ from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
 from ..kernels.common import LOG2E, attend_block, tc_dot, window_bounds
 from ..kernels.launch import key_value_pair, unit_stride
+from . import grouped_plan
+from .grouped_plan import WINDOW_CHUNK, launch_plan, pow2, span_chunk_length
+
+__all__ = ["grouped_decode_attention", "mask_operand", "span_chunk_length"]
 
 NO_STRIPE = tl.constexpr(2**31 - 1)  # candidate stripe index that loses every tie
-WINDOW_CHUNK = 64  # keys per window program (one tensor-core step: window programs finish early)
 MASK_SLICE = 4096  # mask entries per first-allowed-key program
-MIN_DOT = tl.constexpr(16)  # smallest tl.dot extent
+MIN_DOT = tl.constexpr(grouped_plan.MIN_DOT)  # smallest tl.dot extent
 
 
 @triton.jit
@@ -187,10 +189,14 @@ def group_kernel(
             REP_PAD, D_HEAD, BLOCK_D, WINDOW_BLOCK, HAS_MASK, UPCAST,
         )
     else:  # slices are dealt round-robin over the groups; the grid holds these programs only when needed
+        # Only keys before the window count: a first allowed key at or past the window start leaves
+        # no stripe valid, so no span reads it (L_KV: none found, as for an empty row). The load
+        # stops at that start rounded up to 16 keys (16-key runs keep the loads vectorised).
         piece = (pid - N_BLOCKS - N_WCHUNKS) * tl.num_programs(1) + group
         keys = piece * SLICE + tl.arange(0, SLICE)
-        in_row = keys < L_KV
-        allowed = in_row & (tl.load(mask_ptr + batch * stride_mb + keys, mask=in_row, other=0) != 0)
+        window_start = pos + 1 - WINDOW
+        read = keys < tl.minimum((window_start + 15) // 16 * 16, L_KV)
+        allowed = read & (tl.load(mask_ptr + batch * stride_mb + keys, mask=read, other=0) != 0) & (keys < window_start)
         tl.store(first_ptr + batch * N_SLICES + piece, tl.min(tl.where(allowed, keys, L_KV), axis=0),
                  mask=piece < N_SLICES)
 
@@ -332,60 +338,12 @@ def dependent_launch(device: torch.device) -> bool:
     return device.type == "cuda" and torch.cuda.get_device_capability(device)[0] >= 9
 
 
-def _cdiv(a: int, b: int) -> int:
-    return -(-a // b)
-
-
-def _pow2(n: int) -> int:
-    return 1 << max(n - 1, 0).bit_length()
-
-
-def span_chunk_length(span_keys: int, spans: int, multiprocessors: int, block_k: int) -> int:
-    """Keys per span program: enough programs to keep every multiprocessor busy a few times over."""
-    chunk = _pow2(max(_cdiv(span_keys * spans, 4 * multiprocessors), 1))
-    return max(min(chunk, 1024), 128, block_k)
-
-
-class LaunchPlan(NamedTuple):
-    """Everything a grouped decode launch derives from shapes and settings (cached per shape)."""
-
-    rep: int
-    rep_pad: int
-    block_d: int
-    n_blocks: int
-    n_candidates: int
-    chunk: int
-    n_chunks: int
-    n_wchunks: int
-    n_slices: int
-    slice_programs: int
-    work_sizes: tuple[int, ...]  # span acc, m, l; window acc, m, l; chosen scores; candidate scores
-    count_sizes: tuple[int, ...]  # candidate stripes, finished-program counters, mask-slice minima
-
-
-@functools.lru_cache(maxsize=1024)
-def launch_plan(
-    batch: int, hq: int, hkv: int, lkv: int, dim: int, topk: int, window: int, n_stripes: int,
-    longest_span: int, block_k: int, chunk: int | None, block_s: int, first_from_mask: bool, mask_slice: int,
-    multiprocessors: int,
-) -> LaunchPlan:
-    """The grids and buffer sizes of one grouped decode shape."""
-    n_blocks = _cdiv(n_stripes, block_s)
-    n_candidates = n_blocks * topk
-    chunk = chunk or span_chunk_length(longest_span, batch * hq * topk, multiprocessors, block_k)
-    n_chunks = _cdiv(longest_span, chunk)
-    n_wchunks = max(_cdiv(window, WINDOW_CHUNK), 1)
-    n_slices = _cdiv(lkv, mask_slice) if first_from_mask else 1
-    rows = batch * hq
-    span_parts, window_parts = rows * topk * n_chunks, rows * n_wchunks
-    return LaunchPlan(
-        rep=hq // hkv, rep_pad=max(_pow2(hq // hkv), MIN_DOT.value), block_d=max(_pow2(dim), MIN_DOT.value),
-        n_blocks=n_blocks, n_candidates=n_candidates, chunk=chunk, n_chunks=n_chunks, n_wchunks=n_wchunks,
-        n_slices=n_slices, slice_programs=_cdiv(n_slices, hkv) if first_from_mask else 0,
-        work_sizes=(span_parts * dim, span_parts, span_parts, window_parts * dim, window_parts, window_parts,
-                    rows * topk, rows * n_candidates),
-        count_sizes=(rows * n_candidates, rows, batch * n_slices),
-    )
+def mask_operand(attention_mask: torch.Tensor) -> torch.Tensor:
+    """The keep-mask as the kernels read it, never copied unless its columns are strided: a bool
+    mask as its uint8 view (one byte per key), an integer mask in its own dtype (converting it would
+    be one more pass over the whole mask every step)."""
+    mask = unit_stride(attention_mask)
+    return mask.view(torch.uint8) if mask.dtype == torch.bool else mask
 
 
 def grouped_decode_attention(
@@ -422,11 +380,8 @@ def grouped_decode_attention(
     block_k = max(block_k, MIN_DOT.value)  # a forced smaller block_k still compiles
     q1, q2 = unit_stride(q1), unit_stride(q2)
     k, v = key_value_pair(k, v)
-    if attention_mask is None:
-        mask, mask_stride = k, 0  # never read
-    else:
-        mask = unit_stride(attention_mask.view(torch.uint8) if attention_mask.dtype == torch.bool else attention_mask)
-        mask_stride = mask.stride(0)
+    mask = k if attention_mask is None else mask_operand(attention_mask)  # k: never read
+    mask_stride = 0 if attention_mask is None else mask.stride(0)
     has_forward = forward_table is not None
     first_from_mask = has_forward and attention_mask is not None
 
@@ -458,8 +413,8 @@ def grouped_decode_attention(
         q2.stride(0), q2.stride(1), *kv_strides,
         hq, lkv, plan.rep, window, last, plan.n_candidates, plan.n_chunks, plan.chunk, plan.n_wchunks,
         plan.n_slices, qk_scale,
-        TOPK=topk, TOPK_POW2=_pow2(topk), CAND_POW2=_pow2(plan.n_candidates), SLICES_POW2=_pow2(plan.n_slices),
-        CHUNKS_POW2=_pow2(plan.n_chunks), WCHUNKS_POW2=_pow2(plan.n_wchunks),
+        TOPK=topk, TOPK_POW2=pow2(topk), CAND_POW2=pow2(plan.n_candidates), SLICES_POW2=pow2(plan.n_slices),
+        CHUNKS_POW2=pow2(plan.n_chunks), WCHUNKS_POW2=pow2(plan.n_wchunks),
         D_HEAD=dim, BLOCK_D=plan.block_d, BLOCK_K=block_k, HAS_MASK=has_mask, HAS_FORWARD=has_forward,
         FIRST_FROM_MASK=first_from_mask, UPCAST=upcast, PDL=pdl, num_warps=num_warps, num_stages=num_stages,
         launch_pdl=pdl,

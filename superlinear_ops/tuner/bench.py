@@ -53,19 +53,29 @@ def span_length(case: Case, t: int) -> int:
 
 def lower_bound(case: Case) -> tuple[float, str]:
     """max(bytes / bandwidth, FLOPs / tensor rate) in ms for this device's peaks (nan if unknown)."""
-    p = case.problem
-    peaks = PEAKS.get(p.device.name)
+    peaks = PEAKS.get(case.problem.device.name)
     if peaks is None:
         return float("nan"), "no peak figures for this device"
     bandwidth, rate = peaks
+    bytes_, flops = traffic(case)
+    seconds = max(bytes_ / bandwidth, flops / rate)
+    basis = f"{bytes_ / 1e9:.3g} GB at {bandwidth / 1e12:.1f} TB/s, {flops / 1e12:.3g} TFLOP at {rate / 1e12:.0f} TFLOP/s"
+    return seconds * 1e3, basis
+
+
+def traffic(case: Case) -> tuple[float, float]:
+    """(bytes every implementation must move, FLOPs it must compute) for one call of the case."""
+    p = case.problem
     elem = torch.empty(0, dtype=p.torch_dtype).element_size()
     window = p.window
-    if p.op == STAGED_DECODE:
-        t = case.cache_fill or p.keys
+    if p.op == STAGED_DECODE:  # the mean over the fills the case is timed at
         stripes = geometry.stripe_count(p.keys, p.sw_index, p.params) - p.sw_index
-        rows = min(t, window + p.rep * p.spans * span_length(case, t))  # distinct K/V rows per kv head
-        bytes_ = p.batch * p.kv_heads * (2 * rows + stripes) * p.head_dim * elem
-        flops = 4.0 * p.batch * p.q_heads * p.spans * (window + span_length(case, t)) * p.head_dim
+        fills = [fill or p.keys for fill in case.fills]
+        rows = statistics.fmean(min(t, window + p.rep * p.spans * span_length(case, t)) for t in fills)  # per kv head
+        mask_bytes = 1 if p.masked else 0  # one mask byte per touched key
+        bytes_ = p.batch * p.kv_heads * ((2 * rows + stripes) * p.head_dim * elem + (rows + stripes) * mask_bytes)
+        flops = statistics.fmean(4.0 * p.batch * p.q_heads * p.spans * (window + span_length(case, t)) * p.head_dim
+                                 for t in fills)
     else:
         t = p.keys
         keys_per_span = min(t, window + span_length(case, t))
@@ -79,18 +89,19 @@ def lower_bound(case: Case) -> tuple[float, str]:
         if p.op == SPAN_BACKWARD:  # timed as forward + backward (see runner.run): 1 + 2.5 forwards
             flops *= 3.5
             bytes_ *= 3
-    seconds = max(bytes_ / bandwidth, flops / rate)
-    basis = f"{bytes_ / 1e9:.3g} GB at {bandwidth / 1e12:.1f} TB/s, {flops / 1e12:.3g} TFLOP at {rate / 1e12:.0f} TFLOP/s"
-    return seconds * 1e3, basis
+    return bytes_, flops
 
 
 def sdpa_time(bench: ProblemBench) -> tuple[float, str]:
     """Dense scaled_dot_product_attention on the same inputs."""
     p, x = bench.problem, bench.inputs
-    if p.op == STAGED_DECODE:
-        filled = bench.case.cache_fill or p.keys
-        k, v = x.k[:, :, :filled], x.v[:, :, :filled]
-        return measure(lambda: F.scaled_dot_product_attention(x.q, k, v, enable_gqa=True), bench.device, graph=True), "decode over the filled prefix"
+    if p.op == STAGED_DECODE:  # the mean over the fills the case is timed at
+        times = []
+        for fill in bench.case.fills:
+            k, v = x.k[:, :, : fill or p.keys], x.v[:, :, : fill or p.keys]
+            times.append(measure(lambda k=k, v=v: F.scaled_dot_product_attention(x.q, k, v, enable_gqa=True),
+                                 bench.device, graph=True))
+        return statistics.fmean(times), "decode over the filled prefix"
     if p.op == SPAN_BACKWARD:
         q, k, v = (t.detach().clone().requires_grad_() for t in (x.q, x.k, x.v))
         grad = torch.randn_like(x.q)

@@ -6,7 +6,8 @@ Every candidate is checked before its time counts:
 2. on the real-size inputs for NaN and against the first candidate that passed step 1 (the
    heuristic default, which every search measures first).
 Timing: GPU medians from ``triton.testing.do_bench`` (which flushes L2 between repetitions), decode
-timed by replaying a CUDA graph; under the CPU interpreter, the median of a few wall-clock runs.
+timed by replaying a CUDA graph; under the CPU interpreter, the median of a few wall-clock runs. A
+case timed on several inputs (a static cache's fills, a masked context's mask kinds) takes the mean.
 """
 
 from __future__ import annotations
@@ -75,10 +76,44 @@ def search_like_spans(shape: tuple[int, int, int, int], cache_position: torch.Te
     return torch.where(unused, -1, qstart), torch.where(unused, -1, qend)
 
 
+LEFT_PADDING = 100  # keys of padding per row (row b: 100 (b + 1)) in a 'left_padding' mask
+HOLES = 0.1  # fraction of masked keys in a 'holes' mask
+
+
+def decode_mask(kind: str | None, batch: int, keys: int, filled: int, device: torch.device,
+                gen: torch.Generator) -> torch.Tensor | None:
+    """A decode keep-mask [B, keys] (bool): None without ``kind``; 'prefix' (a static cache: the first
+    ``filled`` keys), or over a full context 'ones', 'holes' (``HOLES`` of the keys before the last)
+    or 'left_padding' (row b's first ``LEFT_PADDING`` (b + 1) keys masked)."""
+    if kind is None:
+        return None
+    mask = torch.ones(batch, keys, dtype=torch.bool, device=device)
+    if kind == "prefix":
+        mask[:, filled:] = False
+    elif kind == "holes":
+        mask[:, :-1] = torch.rand(batch, keys - 1, generator=gen, device=device) >= HOLES
+    elif kind == "left_padding":
+        for row in range(batch):
+            mask[row, : min(LEFT_PADDING * (row + 1), keys - 1)] = False
+    elif kind != "ones":
+        raise ValueError(f"mask kind must be 'prefix', 'ones', 'holes' or 'left_padding', got {kind!r}")
+    return mask
+
+
+def decode_step(case: Case, x: Inputs, fill: int | None, mask_kind: str | None, gen: torch.Generator) -> Inputs:
+    """``x`` (decode inputs) at another fill of its static cache and another mask kind."""
+    problem, lkv = case.problem, x.k.shape[2]
+    filled = min(fill or lkv, lkv)
+    kind = "prefix" if problem.masked and case.cache_fill is not None else mask_kind
+    mask = decode_mask(kind, problem.batch, lkv, filled, x.k.device, gen)
+    return replace(x, cache_position=torch.tensor([filled - 1], device=x.k.device), mask=mask)
+
+
 def make_inputs(case: Case, device: torch.device, seed: int, queries: int | None = None,
-                keys: int | None = None) -> Inputs:
-    """Random inputs of the case's shape (``queries``/``keys`` override Lq/Lkv for check sizes)."""
-    problem, fill = case.problem, case.cache_fill
+                keys: int | None = None, fill: int | None = None, mask_kind: str | None = None) -> Inputs:
+    """Random inputs of the case's shape (``queries``/``keys`` override Lq/Lkv for check sizes; decode
+    at ``fill`` (default: the case's) with ``mask_kind`` (default: the case's first))."""
+    problem = case.problem
     gen = torch.Generator(device=device).manual_seed(seed)
     lq = queries or problem.queries
     lkv = keys or problem.keys
@@ -87,21 +122,17 @@ def make_inputs(case: Case, device: torch.device, seed: int, queries: int | None
     randn = lambda *shape: torch.randn(*shape, generator=gen, device=device).to(dtype)  # noqa: E731
     q, q1 = randn(b, hq, lq, d), randn(b, hq, lq, d)
     k, v = randn(b, hkv, lkv, d), randn(b, hkv, lkv, d)
+    cache_position = torch.arange(lkv - lq, lkv, device=device)
     mask = None
-    if problem.op == STAGED_DECODE:
-        filled = min(fill or lkv, lkv)
-        cache_position = torch.tensor([filled - 1], device=device)
-        if problem.masked:
-            mask = torch.zeros(b, lkv, dtype=torch.bool, device=device)
-            mask[:, :filled] = True
-    else:
-        cache_position = torch.arange(lkv - lq, lkv, device=device)
-        if problem.masked:
-            mask = torch.rand(b, lkv, generator=gen, device=device) > 0.05
+    if problem.masked and problem.op != STAGED_DECODE:
+        mask = torch.rand(b, lkv, generator=gen, device=device) > 0.05
     shape = (b, hq, lq, problem.spans)
     qstart, qend = search_like_spans(shape, cache_position, lkv, problem.window, case.span_factors, gen)
     grad = randn(b, hq, lq, problem.spans, d) if problem.op == SPAN_BACKWARD else None
-    return Inputs(q, k, v, qstart, qend, cache_position, mask, q1, grad)
+    x = Inputs(q, k, v, qstart, qend, cache_position, mask, q1, grad)
+    if problem.op == STAGED_DECODE:
+        x = decode_step(case, x, fill or case.cache_fill, mask_kind or (case.mask_kinds or (None,))[0], gen)
+    return x
 
 
 def _settings(problem: Problem) -> DecodeSettings:
@@ -195,18 +226,24 @@ class ProblemBench:
             small["queries"] = 1
         if small["keys"] < self.problem.keys and self.problem.op != STAGED_DECODE:
             small["keys"] = max(small["keys"], small["queries"])
-        check_case = replace(case, cache_fill=min(case.cache_fill or small["keys"], small["keys"]))
-        self.check_inputs = make_inputs(check_case, device, seed + 1, **small)
+        check_case = replace(case, cache_fill=min(case.cache_fill, small["keys"]) if case.cache_fill else None)
         self.check_problem = self.problem._replace(queries=small["queries"], keys=small["keys"])
-        self.check_expected = reference_outputs(self.check_problem, self.check_inputs)
+        self.check_inputs = make_inputs(check_case, device, seed + 1, **small)
+        gen = torch.Generator(device=device).manual_seed(seed + 2)
+        self.checks = [(x, reference_outputs(self.check_problem, x)) for x in [self.check_inputs] + [
+            decode_step(check_case, self.check_inputs, None, kind, gen) for kind in case.mask_kinds[1:]]]
+        self.timed = [self.inputs] + [decode_step(case, self.inputs, fill, kind, gen)
+                                      for fill, kind in case.timed_inputs()[1:]]
         self.default_variant = REGISTRY.fallback(self.problem)
         self.default_config = self.default_variant.default(self.problem)
         self._baseline: tuple[torch.Tensor, ...] | None = None
 
     def check(self, variant: Variant, config: KernelConfig) -> float:
         """The candidate's error against the reference; raises CandidateFailed when it is wrong."""
-        got = _guard(lambda: run(variant, config, self.check_problem, self.check_inputs), "check-size run failed")
-        error = relative_error(got, self.check_expected)
+        error = 0.0
+        for x, expected in self.checks:
+            got = _guard(lambda x=x: run(variant, config, self.check_problem, x), "check-size run failed")
+            error = max(error, relative_error(got, expected))
         if not error <= tolerance(self.problem):
             raise CandidateFailed(f"wrong result: relative error {error:.3g} > {tolerance(self.problem):.3g} against the float64 reference")
         if self.problem.keys > self.check_problem.keys or self.problem.queries > self.check_problem.queries:
@@ -226,9 +263,11 @@ class ProblemBench:
         return error
 
     def time_ms(self, variant: Variant, config: KernelConfig) -> float:
-        """Median time of one call, in milliseconds."""
-        call = lambda: run(variant, config, self.problem, self.inputs)  # noqa: E731
-        return _guard(lambda: measure(call, self.device, graph=self.problem.op == STAGED_DECODE), "timing failed")
+        """Median time of one call in milliseconds (the mean over the case's fills and mask kinds)."""
+        graph = self.problem.op == STAGED_DECODE
+        calls = [lambda x=x: run(variant, config, self.problem, x) for x in self.timed]
+        times = [_guard(lambda call=call: measure(call, self.device, graph=graph), "timing failed") for call in calls]
+        return statistics.fmean(times)
 
 
 def measure(call, device: torch.device, graph: bool = False, cpu_runs: int = 3) -> float:

@@ -34,6 +34,7 @@ from tqdm import tqdm
 
 from ..buckets import key_of
 from ..cache.entry import TunedEntry
+from ..cache.layers import search_label
 from ..cache.provenance import current_provenance
 from ..cache.store import Store, sqlite_path
 from ..kernels.launch import KernelConfig
@@ -277,7 +278,8 @@ def _store_winners(cases: list[Case], studies: list[optuna.Study], settings: Sea
                 continue
             store.put(TunedEntry(
                 key=key_of(case.problem), variant=winner.variant, config=winner.config, median_ms=winner.median_ms,
-                default_ms=winner.default_ms, max_error=winner.max_error, sampler=settings.sampler,
+                default_ms=winner.default_ms, max_error=winner.max_error,
+                sampler=search_label(settings.sampler, case.context),
                 trials=result.trials, seed=settings.seed,
                 provenance=current_provenance(case.problem.op, winner.variant, identity),
             ))

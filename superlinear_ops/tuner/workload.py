@@ -1,6 +1,11 @@
 """Workload files: what to tune (model heads, span settings, and decode / prefill / training problems).
 
-A bad file raises ``WorkloadError`` naming the file, the field and its line.
+A decode problem is ``decode: {context: N}``, with optional fields ``cache`` (a static cache of that
+many keys filled to ``context``: tuned over ``STATIC_FILLS`` fills from ``context`` to ``cache``, the
+fills a replayed graph sees), ``batch`` (instead of the model's) and ``mask`` (a full context with
+an attention mask: one of ``MASK_KINDS`` or a list of them; every kind has the same key, so the
+problem is tuned for the mean time over them). A bad file raises ``WorkloadError`` naming the file,
+the field and its line.
 """
 
 from __future__ import annotations
@@ -14,17 +19,28 @@ from dataclasses import dataclass
 import yaml
 
 from .. import geometry
+from ..dispatch import FULL_CONTEXT, STATIC_CACHE
 from ..problem import ATTENTION_LAYER, SPAN_BACKWARD, SPAN_FORWARD, STAGED_DECODE, DeviceIdentity, Problem
 
 DTYPES = ("float16", "bfloat16", "float32")
 KINDS = {
-    "decode": ("context", "cache"), "prefill": ("chunk", "prefix"), "training": ("tokens",),
+    "decode": ("context", "cache", "batch", "mask"), "prefill": ("chunk", "prefix"), "training": ("tokens",),
     "layer_prefill": ("chunk", "keys"), "layer_training": ("tokens",),  # the whole layer (search, spans, gate)
 }
 TOP_FIELDS = ("name", "model", "span", "problems")
 MODEL_FIELDS = ("batch", "q_heads", "kv_heads", "head_dim", "dtype")
 SPAN_FIELDS = ("sw_index", "topk", "span_power", "backward_factor", "forward_factor", "search_power",
                "inv_search_power_int")
+OPTIONAL_SIZES = ("cache", "batch", "mask")
+MASK_KINDS = ("ones", "holes", "left_padding")  # all keys; 10% holes; row b left-padded by 100 (b + 1) keys
+STATIC_FILLS = 3
+
+
+def static_cache_fills(first: int, size: int, count: int = STATIC_FILLS) -> tuple[int, ...]:
+    """``count`` evenly spaced fills from ``first`` to ``size`` (both included, no repeats)."""
+    if count < 2 or not 1 <= first <= size:
+        raise ValueError(f"need count >= 2 and 1 <= first <= size, got count={count}, first={first}, size={size}")
+    return tuple(sorted({first + (size - first) * i // (count - 1) for i in range(count)}))
 
 
 class WorkloadError(ValueError):
@@ -71,6 +87,21 @@ class Case:
     problem: Problem
     span_factors: tuple[float, float, float]  # (backward_factor, forward_factor, span_power)
     cache_fill: int | None = None  # decode in a static cache: the filled prefix length
+    mask_kinds: tuple[str, ...] = ()  # decode over a full context with these masks (MASK_KINDS)
+
+    @property
+    def context(self) -> str:
+        """``STATIC_CACHE`` for decode in a static cache, else ``FULL_CONTEXT``."""
+        return STATIC_CACHE if self.cache_fill is not None else FULL_CONTEXT
+
+    @property
+    def fills(self) -> tuple[int | None, ...]:
+        """The fills the case is timed at (None: the keys are the context)."""
+        return (None,) if self.cache_fill is None else static_cache_fills(self.cache_fill, self.problem.keys)
+
+    def timed_inputs(self) -> list[tuple[int | None, str | None]]:
+        """Every (fill, mask kind) the case is timed on; its time is the mean over them."""
+        return [(fill, kind) for fill in self.fills for kind in (self.mask_kinds or (None,))]
 
 
 @dataclass(frozen=True)
@@ -107,10 +138,13 @@ class Workload:
             kind, sizes = entry["kind"], entry["sizes"]
             if kind == "decode":
                 keys = sizes.get("cache") or sizes["context"]
+                masks = sizes.get("mask", ())
                 label = f"decode {sizes['context']}" + (f" in {keys} static cache" if sizes.get("cache") else "")
-                problem = Problem(STAGED_DECODE, spans=s["topk"], queries=1, keys=keys, masked="cache" in sizes,
-                                  factors=factors, **common)
-                cases.append(Case(label, problem, factors, sizes["context"] if sizes.get("cache") else None))
+                label += (f", B={sizes['batch']}" if "batch" in sizes else "") + (f", mask {'/'.join(masks)}" if masks else "")
+                problem = Problem(STAGED_DECODE, spans=s["topk"], queries=1, keys=keys,
+                                  masked="cache" in sizes or bool(masks), factors=factors,
+                                  **{**common, "batch": sizes.get("batch", common["batch"])})
+                cases.append(Case(label, problem, factors, sizes["context"] if sizes.get("cache") else None, masks))
             elif kind.startswith("layer"):
                 queries, keys = (sizes["chunk"], sizes["keys"]) if kind == "layer_prefill" else (sizes["tokens"],) * 2
                 label = f"layer prefill {queries} over {keys}" if kind == "layer_prefill" else f"layer training {keys}"
@@ -138,6 +172,15 @@ def _int(path, section: dict, name: str, minimum: int = 1) -> int:
     if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
         raise _fail(path, _line(section, name), f"'{name}' must be an integer >= {minimum}, got {value!r}")
     return value
+
+
+def _mask_kinds(path, sizes: dict) -> tuple[str, ...]:
+    """The decode problem's mask kinds (one name or a non-empty list of distinct names)."""
+    value = sizes["mask"]
+    kinds = [value] if isinstance(value, str) else value
+    if not isinstance(kinds, list) or not kinds or len(set(map(str, kinds))) != len(kinds) or any(k not in MASK_KINDS for k in kinds):
+        raise _fail(path, _line(sizes, "mask"), f"'mask' must be one of {list(MASK_KINDS)} or a list of distinct ones, got {value!r}")
+    return tuple(kinds)
 
 
 def _number(path, section: dict, name: str, low: float, high: float | None = None) -> float:
@@ -206,11 +249,15 @@ def load(path: str | os.PathLike) -> Workload:
         allowed = KINDS[kind]
         _known_fields(path, sizes, kind, allowed)
         for field in allowed:
-            if field in sizes or field != "cache":
+            if field == "mask" and field in sizes:
+                sizes[field] = _mask_kinds(path, sizes)
+            elif field in sizes or field not in OPTIONAL_SIZES:
                 _int(path, sizes, field)
         if kind == "layer_prefill" and sizes["chunk"] > sizes["keys"]:
             raise _fail(path, _line(sizes, "chunk"), "layer_prefill: 'chunk' must be <= 'keys' (the chunk's keys are among them)")
         if kind == "decode" and sizes.get("cache") and sizes["cache"] < sizes["context"]:
             raise _fail(path, _line(sizes, "cache"), "decode: 'cache' must be >= 'context'")
+        if kind == "decode" and "cache" in sizes and "mask" in sizes:
+            raise _fail(path, _line(sizes, "mask"), "decode: 'mask' is for a full context; a static cache's mask is its filled prefix")
         entries.append({"kind": kind, "sizes": _strip(sizes)})
     return Workload(name, path, _strip(model), _strip(span), tuple(entries))

@@ -1,0 +1,130 @@
+"""Masked decode beside unmasked decode and dense attention on a GPU, in one run (issue 23's table).
+
+For model M's decode over a full context of 4K, 64K and 1M keys (B = 1), one row per mask: none,
+all ones, 10% holes, 100 left-padded keys (bool masks, and the same masks as int64, as model code
+passes them). Each row has: the public API's decode step (the dispatcher's choice) replayed from a
+CUDA graph (median of do_bench over replays, L2 flushed), checked against the float64 reference
+first; its kernels one by one (profiler); dense SDPA on the same inputs with each backend forced
+(the fastest named); the lower bound (bytes every implementation must move / 4.8 TB/s); the
+largest difference between a graph replay and an eager call on fresh queries; and ``explain``.
+
+Run on a GPU:  PYTHONPATH=. python scripts/decode_mask_compare.py --out decode_mask.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+
+import torch
+import torch.nn.functional as F
+from decode_compare import api_call, kernel_times
+from torch.nn.attention import SDPBackend, sdpa_kernel
+
+from superlinear_ops import dispatch
+from superlinear_ops.problem import device_identity
+from superlinear_ops.tuner.bench import traffic
+from superlinear_ops.tuner.runner import Inputs, ProblemBench, measure
+from superlinear_ops.tuner.workload import Case, load
+
+CONTEXTS = (4096, 65536, 1048576)
+MASKS = (("no mask", None), ("mask of ones", "ones"), ("10% holes", "holes"), ("100 left-padded keys", "left_padding"))
+BANDWIDTH = 4.8e12  # bytes per second: the lower bound's
+BACKENDS = (SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.CUDNN_ATTENTION, SDPBackend.MATH)
+
+
+def masked_case(context: int, kind: str | None) -> Case:
+    """Model M's decode over ``context`` keys with a mask of ``kind`` (None: no mask)."""
+    workload = load("tuning/superlinear-exp-v0.1.yaml")
+    base = next(c for c in workload.cases(device_identity(torch.device("cuda"))) if c.label == f"decode {context}")
+    problem = base.problem._replace(masked=kind is not None)
+    return dataclasses.replace(base, problem=problem, mask_kinds=(kind,) if kind else ())
+
+
+def sdpa_times(x: Inputs, device: torch.device) -> dict[str, float | str]:
+    """Median graph-replay ms of dense SDPA per backend forced (its reason where it cannot run)."""
+    hq, hkv = x.q.shape[1], x.k.shape[1]
+    mask = None if x.mask is None else (x.mask[:, None, None, : x.k.shape[2]] != 0)
+    expanded = [t.repeat_interleave(hq // hkv, dim=1) for t in (x.k, x.v)]
+    times: dict[str, float | str] = {}
+    for backend in BACKENDS:
+        for gqa, (k, v) in ((True, (x.k, x.v)), (False, expanded)):
+            def call(k=k, v=v, gqa=gqa, backend=backend):
+                with sdpa_kernel(backend):
+                    return F.scaled_dot_product_attention(x.q, k, v, attn_mask=mask, enable_gqa=gqa)
+            name = backend.name if gqa else f"{backend.name} (K/V expanded to every query head)"
+            try:
+                times[name] = measure(call, device, graph=True)
+                break
+            except RuntimeError as err:
+                times[name] = f"unavailable: {str(err).splitlines()[0][:160]}"
+    return times
+
+
+def replay_vs_eager(call, x: Inputs, device: torch.device, steps: int = 3) -> float:
+    """Max |graph replay - eager| over ``steps`` fresh queries."""
+    stream = torch.cuda.Stream(device)
+    stream.wait_stream(torch.cuda.current_stream(device))
+    with torch.cuda.stream(stream):
+        call()
+        call()
+    torch.cuda.current_stream(device).wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        static_out = call()
+    worst = 0.0
+    for _ in range(steps):
+        x.q.normal_()
+        x.q1.normal_()
+        graph.replay()
+        worst = max(worst, (static_out.float() - call().float()).abs().max().item())
+    return worst
+
+
+def measure_row(case: Case, label: str, mask_dtype: torch.dtype, device: torch.device) -> dict:
+    """One row of the table (see the module docstring)."""
+    bench = ProblemBench(case, device, seed=0)
+    x = bench.inputs if bench.inputs.mask is None else dataclasses.replace(bench.inputs, mask=bench.inputs.mask.to(mask_dtype))
+    explanation = dispatch.explain(case.problem)
+    choice = explanation.choice
+    call = api_call(bench, x)
+    row = {
+        "context": case.problem.keys, "mask": label, "mask_dtype": None if x.mask is None else str(mask_dtype),
+        "error_vs_float64_reference": bench.check(choice.variant, choice.config),
+        "ours_graph_ms": measure(call, device, graph=True),
+        "ours_kernels_ms": kernel_times(call, device),
+        "choice": f"{choice.variant.name} {choice.config.text()}", "source": choice.source, "rule": explanation.rule,
+        "explain": explanation.text(),
+    }
+    row["sdpa_ms"] = sdpa_times(x, device)
+    timed = {name: ms for name, ms in row["sdpa_ms"].items() if isinstance(ms, float)}
+    row["sdpa_best"] = min(timed, key=timed.get) if timed else None
+    row["sdpa_best_ms"] = timed.get(row["sdpa_best"], float("nan"))
+    row["ours_over_sdpa"] = row["ours_graph_ms"] / row["sdpa_best_ms"]
+    bytes_ = traffic(case)[0]
+    row["lower_bound_ms"], row["lower_bound_bytes"] = bytes_ / BANDWIDTH * 1e3, bytes_
+    row["replay_vs_eager_max_abs"] = replay_vs_eager(call, x, device)
+    return row
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--out", required=True, help="JSON file to write")
+    parser.add_argument("--contexts", type=int, nargs="+", default=list(CONTEXTS))
+    parser.add_argument("--mask-dtypes", nargs="+", choices=("bool", "int64"), default=["bool", "int64"])
+    args = parser.parse_args()
+    device = torch.device("cuda")
+    rows = []
+    for context in args.contexts:
+        for label, kind in MASKS:
+            for dtype in args.mask_dtypes if kind else args.mask_dtypes[:1]:
+                row = measure_row(masked_case(context, kind), label, getattr(torch, dtype), device)
+                rows.append(row)
+                print(json.dumps({k: v for k, v in row.items() if k not in ("explain", "ours_kernels_ms")}), flush=True)
+    with open(args.out, "w", encoding="utf-8") as fh:
+        json.dump({"gpu": torch.cuda.get_device_name(), "torch": torch.__version__, "rows": rows}, fh, indent=2)
+
+
+if __name__ == "__main__":
+    main()
