@@ -40,6 +40,10 @@ LATT = "superlinear_ops/layer/attention.py"
 LGK = "superlinear_ops/layer/gate_kernel.py"
 LAYER = "tests/test_layer.py"
 FWD = f"{VARIANTS} -k span_forward"
+LAUNCH = "superlinear_ops/kernels/launch.py"
+WTB = "superlinear_ops/kernels/window_tc_backward.py"
+API = "superlinear_ops/api.py"
+INPUTS = "tests/test_hardening_inputs.py"
 BWD = f"{VARIANTS} -k span_backward"
 
 
@@ -55,7 +59,7 @@ PLANTS = {
     "fused dQ scaled": (B, "tl.store(dq_ptrs, dq * sm_scale, mask=d_mask)", "tl.store(dq_ptrs, dq * sm_scale * 1.01, mask=d_mask)", f"{VARIANTS} -k 'span_backward and fused'"),
     "shared dK/dV wrong kv head": (B, "dkv_base = (batch * (H_Q // REP) + kv_head) * L_KV * D_HEAD", "dkv_base = (batch * (H_Q // REP) + (kv_head + 1) % (H_Q // REP)) * L_KV * D_HEAD", f"{VARIANTS} -k 'span_backward and shared'"),
     "split dK/dV wrong q head": (B, "dkv_base = (batch * H_Q + head) * L_KV * D_HEAD", "dkv_base = (batch * H_Q + (head + 1) % H_Q) * L_KV * D_HEAD", f"{VARIANTS} -k 'span_backward and split'"),
-    "fused window misses last span's dV": (B, "dv += p[:, None] * do[None, :]", "dv += p[:, None] * do[None, :] * (j < N_SLOTS - 1 or N_SLOTS == 1)", f"{VARIANTS} -k 'span_backward and fused'"),
+    "fused window misses last span's dV": (B, "dv += tl.where(live, p[:, None] * do[None, :], 0.0)", "dv += tl.where(live, p[:, None] * do[None, :], 0.0) * (j < N_SLOTS - 1 or N_SLOTS == 1)", f"{VARIANTS} -k 'span_backward and fused'"),
     "backward window limited to its first key block": (B, "    lo, hi = window_bounds(pos, WINDOW)\n    dq = _backward_segment(", "    lo, hi = window_bounds(pos, WINDOW)\n    hi = tl.minimum(hi, lo + BLOCK_K - 1)\n    dq = _backward_segment(", BWD),
     "decode gate halves scores": (GATE, "gate = torch.softmax(torch.where(any_chosen, scores, torch.zeros_like(scores)), dim=-1)", "gate = torch.softmax(torch.where(any_chosen, scores, torch.zeros_like(scores)) / 2, dim=-1)", decode("staged")),
     "decode span start off by one": (DEC, "(anchor - back_len).clamp(min=0)", "(anchor - back_len + 1).clamp(min=0)", decode("staged")),
@@ -101,6 +105,17 @@ PLANTS = {
     "layer span end ignores the forward factor": (LATT, "settings.forward_factor, settings.span_power,\n    )", "0.0, settings.span_power,\n    )", LAYER),
     "layer span start off by one": (GEO, "torch.maximum(qanchor.to(torch.int64) - back_len[:, None, :, None], first_allowed", "torch.maximum(qanchor.to(torch.int64) - back_len[:, None, :, None] + 1, first_allowed", LAYER),
     "reference window start off by one": (REF, "in_window = (keys >= (pos - window + 1).clamp(min=0))", "in_window = (keys >= (pos - window + 2).clamp(min=0))", f"{VARIANTS} -k reference"),
+    "hardening: window not clamped to the keys": (LAUNCH, "window=min(int(window), key_length),", "window=int(window),", f"{INPUTS} -k huge_window"),
+    "hardening: empty slot reads key 0 for dQ1": (LATT, "d_q1 = torch.where(used, grad[..., None] * keys, 0.0).sum(dim=-2)", "d_q1 = (grad[..., None] * keys).sum(dim=-2)", f"{INPUTS} -k masked_key_zero"),
+    "hardening: empty slot adds 0 * Q1 to dK": (LATT, "contributions = torch.where(used, grad[..., None] * q1.to(grad.dtype)[..., None, :], 0.0)", "contributions = grad[..., None] * q1.to(grad.dtype)[..., None, :]", f"{INPUTS} -k q1_row_nobody"),
+    "hardening: backward reads non-finite values": (C, "return tl.where(tl.abs(x) < float(\"inf\"), x, 0.0)", "return x", f"{INPUTS} -k poisoned"),
+    "hardening: tile backward keeps poisoned rows": (TCB, "live = lse == lse  # a poisoned (NaN) row", "live = (lse == lse) | (lse != lse)  #", f"{INPUTS} -k poisoned"),
+    "hardening: combine takes a NaN lse as c": (TCB, "c = tl.minimum(c, tl.where(lse == lse, lse, float(\"inf\")))", "c = tl.minimum(c, lse)", f"{INPUTS} -k poisoned"),
+    "hardening: per-query backward keeps poisoned rows": (B, "live = lse == lse  # a poisoned (NaN) span", "live = (lse == lse) | (lse != lse)  #", f"{INPUTS} -k poisoned"),
+    "hardening: window dK/dV reads non-finite K": (WTB, "    k = finite_or_zero(k)\n    dk = tl.zeros", "    dk = tl.zeros", f"{INPUTS} -k poisoned"),
+    "hardening: decode detached when a grad is required": (API, "    if requires_grad(Q1, Q2, K, V):\n", "    if False:\n", f"{INPUTS} -k decode_is_diff"),
+    "hardening: empty result detached": (API, "    return out + sum(t.sum() * 0 for t in inputs)", "    return out", f"{INPUTS} -k empty_inputs"),
+    "hardening: topk not clamped to the stripes": (API, "sw_index, min(topk, _stripes(key_length, sw_index, params.label)),", "sw_index, topk,", f"{INPUTS} -k huge_topk"),
 }
 
 

@@ -6,9 +6,14 @@ no longer bounds anything: spans of any length are computed exactly. Extra keywo
 arguments: ``validate`` (run the checks that read tensor values, see ``validation``).
 
 Out-of-range values are clamped where the result stays exact, never rejected: a cache position
-past the keys (even past int32) acts as Lkv - 1 (SPEC: pos = min(cache_position, Lkv - 1)); in
-decode, a window longer than the keys covers them all, span lengths stop at the keys and topk
-stops at the number of stripes (extra slots would always be empty; ``decode.DecodeSettings``).
+past the keys (even past int32) acts as Lkv - 1 (SPEC: pos = min(cache_position, Lkv - 1)); a
+window longer than the keys covers them all, span lengths stop at the keys and topk stops at the
+number of stripes (extra slots would always be empty; ``search_settings``).
+
+Empty inputs (B = 0 or Lq = 0) give an empty result connected to the inputs in autograd, as torch
+ops do. Decode has no backward kernel: when a gradient is required it runs the differentiable
+reference variant (``torch_ops.staged_decode_differentiable``) instead of returning a detached
+result.
 """
 
 from __future__ import annotations
@@ -16,6 +21,7 @@ from __future__ import annotations
 import torch
 
 from . import geometry, torch_ops, validation
+from .decode.settings import DecodeSettings
 from .kernels.launch import check_block_k
 
 FORCE_MODES = (None, "sdpa", "span")
@@ -27,6 +33,55 @@ def clamped_positions(cache_position: torch.Tensor, key_length: int) -> torch.Te
     if cache_position.dtype == torch.int32:
         return cache_position
     return cache_position.clamp(-1, key_length - 1)
+
+
+def requires_grad(*inputs: torch.Tensor) -> bool:
+    """True when autograd records a call on ``inputs`` (grad mode on and one of them requires grad)."""
+    return torch.is_grad_enabled() and any(t.requires_grad for t in inputs)
+
+
+def empty_result(shape: tuple[int, ...], like: torch.Tensor, *inputs: torch.Tensor) -> torch.Tensor:
+    """An empty result of ``shape`` (like ``like``) connected to ``inputs`` in autograd, as torch ops
+    return for empty inputs: its backward gives every input a zero gradient."""
+    out = like.new_empty(shape)
+    if not requires_grad(*inputs):
+        return out
+    return out + sum(t.sum() * 0 for t in inputs)
+
+
+def search_settings(
+    key_length: int,
+    sw_index: int,
+    topk: int,
+    backward_factor: float,
+    forward_factor: float,
+    span_power: float,
+    search_power: float | None,
+    inv_search_power_int: int | None,
+) -> DecodeSettings:
+    """The checked scalar settings of a searching call (decode or the whole layer), built once from
+    the original's arguments (ValueError/TypeError naming the bad one). topk is clamped to the
+    number of stripes of ``key_length`` keys: exact (the extra slots would always be empty), and it
+    keeps every buffer sized by topk bounded by the keys."""
+    params = geometry.power_params(search_power=search_power, inv_search_power_int=inv_search_power_int)
+    sw_index = geometry.check_non_negative_int("sw_index", sw_index)
+    geometry.check_window_bound(sw_index, params)
+    return DecodeSettings(
+        sw_index, min(topk, _stripes(key_length, sw_index, params.label)),
+        geometry.check_factor("backward_factor", backward_factor, allow_zero=True),
+        geometry.check_factor("forward_factor", forward_factor, allow_zero=True),
+        geometry.check_span_power(span_power),
+        params,
+    )
+
+
+@torch.compiler.assume_constant_result
+def _stripes(key_length: int, sw_index: int, power: str) -> int:
+    """The number of stripes of ``key_length`` keys for ``power`` (a ``PowerParams.label``): the most
+    slots a search can fill. A constant
+    of the shapes and settings, which torch.compile takes as it is instead of tracing the exact
+    geometry."""
+    return geometry.stripe_count(key_length, sw_index, geometry.PowerParams.from_label(power)) - sw_index
 
 
 def _checked_block_k(block_k: int | None) -> int:
@@ -71,6 +126,8 @@ def fused_span_attention_gqa(
             sw_index, search_power=search_power, inv_search_power_int=inv_search_power_int
         )
         validation.check_span_contract(qstart, qend, cache_position, K.shape[2], window)
+    if Q2.numel() == 0 or qstart.shape[-1] == 0:
+        return empty_result((*qstart.shape, Q2.shape[-1]), Q2, Q2, K, V)
     out, _ = torch_ops.span_forward(
         Q2, K, V, qstart, qend, clamped_positions(cache_position, K.shape[2]), attention_mask, sw_index, search_power,
         inv_search_power_int, block_k,
@@ -135,17 +192,14 @@ def decode_span_attention_staged_gqa(
         raise ValueError(f"force_mode must be one of {FORCE_MODES}, got {force_mode!r}")
     if not isinstance(enable_gqa, bool):
         raise TypeError(f"enable_gqa must be a bool, got {type(enable_gqa).__name__}")
-    params = geometry.power_params(search_power=search_power, inv_search_power_int=inv_search_power_int)
-    sw_index = geometry.check_non_negative_int("sw_index", sw_index)
-    geometry.check_window_bound(sw_index, params)
-    backward_factor = geometry.check_factor("backward_factor", backward_factor, allow_zero=True)
-    forward_factor = geometry.check_factor("forward_factor", forward_factor, allow_zero=True)
-    span_power = geometry.check_span_power(span_power)
+    settings = search_settings(
+        K.shape[2], sw_index, topk, backward_factor, forward_factor, span_power, search_power, inv_search_power_int
+    )
     block_k = _checked_block_k(block_k)
     if validation.validation_requested(validate) and bool((cache_position < 0).any()):
         raise ValueError("cache_position must be >= 0")
     if Q2.shape[0] == 0:
-        return torch.empty_like(Q2)
+        return empty_result(Q2.shape, Q2, Q1, Q2, K, V)
     if force_mode == "sdpa":
         # Plain attention over keys [0, pos]: one span covering them, no window.
         batch, hq = Q2.shape[:2]
@@ -155,12 +209,15 @@ def decode_span_attention_staged_gqa(
             Q2, K, V, torch.zeros_like(qend), qend, last, attention_mask, 0, None, 2, block_k
         )
         return out[:, :, :, 0]
+    if requires_grad(Q1, Q2, K, V):
+        return torch_ops.staged_decode_differentiable(Q1, Q2, K, V, cache_position, attention_mask, settings)
     # Under torch.compile the custom op (with its fake implementation) is traced; eagerly its
     # implementation runs directly, without the custom-op wrapper's host overhead.
     op = torch_ops.staged_decode if torch.compiler.is_compiling() else torch_ops.staged_decode_eager
+    power = settings.params.arguments
     return op(
-        Q1, Q2, K, V, cache_position, attention_mask, sw_index, topk, backward_factor, forward_factor,
-        span_power, search_power, inv_search_power_int, block_k,
+        Q1, Q2, K, V, cache_position, attention_mask, settings.sw_index, settings.topk, settings.backward_factor,
+        settings.forward_factor, settings.span_power, power["search_power"], power["inv_search_power_int"], block_k,
     )
 
 

@@ -21,6 +21,9 @@ from .validation import check_mask_dtype
 
 INTEGER_INV_POWERS = (2, 3, 4, 5, 6)
 MIN_SEARCH_POWER = 0.02  # inv_p <= 50: smaller powers put every stripe past any key
+# Below this, d ** span_power lies so close to 1 that float64 cannot tell it from 1 and the exact
+# re-check would need hundreds of digits for every span length (ceil(2 * d ** 1e-100) is 3, not 2).
+MIN_SPAN_POWER = 0.01
 MAX_POSITION = 2**62  # bound on token positions and window lengths (exact in int64 and float64 ranks)
 _NEAR_INTEGER = 1e-9  # relative distance under which float64 results are re-checked exactly
 
@@ -106,10 +109,11 @@ def power_params(*, search_power: float | None, inv_search_power_int: int | None
 
 
 def check_span_power(span_power: object) -> float:
-    """Return span_power as a float after checking it lies in (0, 1)."""
+    """Return span_power as a float after checking it lies in [MIN_SPAN_POWER, 1) (where every span
+    length is computed exactly)."""
     sp = _finite_float("span_power", span_power)
-    if not 0.0 < sp < 1.0:
-        raise ValueError(f"span_power must be in (0, 1), got {sp}")
+    if not MIN_SPAN_POWER <= sp < 1.0:
+        raise ValueError(f"span_power must be in [{MIN_SPAN_POWER}, 1) (span lengths are exact there), got {sp}")
     return sp
 
 

@@ -13,9 +13,8 @@ from __future__ import annotations
 
 import torch
 
-from . import geometry, torch_ops, validation
-from .api import clamped_positions
-from .decode.settings import DecodeSettings
+from . import torch_ops, validation
+from .api import clamped_positions, empty_result, search_settings
 from .layer.attention import attention_layer
 
 
@@ -44,29 +43,33 @@ def superlinear_attention(
     (through the gate), Q2, K and V. ``validate`` also runs the checks that read tensor values.
     """
     validation.check_layer_inputs(Q1, Q2, K, V, cache_position, attention_mask, topk)
-    params = geometry.power_params(search_power=search_power, inv_search_power_int=inv_search_power_int)
-    sw_index = geometry.check_non_negative_int("sw_index", sw_index)
-    geometry.check_window_bound(sw_index, params)
-    backward_factor = geometry.check_factor("backward_factor", backward_factor, allow_zero=True)
-    forward_factor = geometry.check_factor("forward_factor", forward_factor, allow_zero=True)
-    span_power = geometry.check_span_power(span_power)
+    settings = search_settings(
+        K.shape[2], sw_index, topk, backward_factor, forward_factor, span_power, search_power, inv_search_power_int
+    )
     if validation.validation_requested(validate) and bool((cache_position < 0).any()):
         raise ValueError("cache_position must be >= 0")
     if Q2.numel() == 0:
-        return torch.empty_like(Q2)
+        return empty_result(Q2.shape, Q2, Q1, Q2, K, V)
     positions = clamped_positions(cache_position, K.shape[2])
+    power = settings.params.arguments
     anchors = torch_ops.layer_search(
-        Q1, K, positions, attention_mask, sw_index, topk, backward_factor, forward_factor, span_power,
-        search_power, inv_search_power_int,
+        Q1, K, positions, attention_mask, settings.sw_index, settings.topk, settings.backward_factor,
+        settings.forward_factor, settings.span_power, power["search_power"], power["inv_search_power_int"],
     )
-    settings = DecodeSettings(sw_index, topk, backward_factor, forward_factor, span_power, params)
 
     def span_attention(qstart: torch.Tensor, qend: torch.Tensor) -> torch.Tensor:
         return torch_ops.span_forward(
-            Q2, K, V, qstart, qend, positions, attention_mask, sw_index, search_power, inv_search_power_int, 0
+            Q2, K, V, qstart, qend, positions, attention_mask, settings.sw_index, power["search_power"],
+            power["inv_search_power_int"], 0,
         )[0]
 
     return attention_layer(Q1, K, anchors, positions, attention_mask, settings, span_attention, Q2.dtype)
+
+
+def _slots(num_spans: int, topk: int | None) -> int:
+    """The alias's slot count: ``topk`` when given, else ``num_spans``, checked under the name the caller used."""
+    name, value = ("num_spans", num_spans) if topk is None else ("topk", topk)
+    return validation.check_topk(value, name)
 
 
 def prefill(
@@ -90,12 +93,33 @@ def prefill(
 ) -> torch.Tensor:
     """The original's preferred prefill name (MHA and GQA alike); ``topk`` overrides ``num_spans``."""
     return superlinear_attention(
-        Q1, Q2, K, V, cache_position, attention_mask, sw_index, num_spans if topk is None else topk,
+        Q1, Q2, K, V, cache_position, attention_mask, sw_index, _slots(num_spans, topk),
         backward_factor, forward_factor, span_power, search_power, inv_search_power_int,
     )
 
 
 prefill_mha = prefill
+
+
+def check_key_positions(key_cache_position: torch.Tensor | None, key_length: int, batch: int) -> None:
+    """The original's ``key_cache_position`` ([Lkv] or [B, Lkv], the position of each key, which its
+    window selects keys by): None or the identity (key i at position i), which is what this library
+    computes; ValueError for anything else. A tensor is compared on the host (one device sync: pass
+    None inside a captured CUDA graph)."""
+    if key_cache_position is None:
+        return
+    if not isinstance(key_cache_position, torch.Tensor):
+        raise TypeError(f"key_cache_position must be a torch.Tensor or None, got {type(key_cache_position).__name__}")
+    if key_cache_position.shape not in ((key_length,), (batch, key_length)):
+        raise ValueError(
+            f"key_cache_position must be [Lkv={key_length}] or [B={batch}, Lkv={key_length}], got {tuple(key_cache_position.shape)}"
+        )
+    identity = torch.arange(key_length, device=key_cache_position.device)
+    if not bool((key_cache_position == identity).all()):
+        raise ValueError(
+            "key_cache_position other than the identity (key i at position i) is not supported: this library "
+            "takes a key's position to be its index; pass None, or lay the cache out so that key i holds position i"
+        )
 
 
 def fused_prefill_with_swtriton_gqa(
@@ -117,12 +141,27 @@ def fused_prefill_with_swtriton_gqa(
     *,
     cache_position: torch.Tensor | None = None,
     topk: int | None = None,
+    key_cache_position: torch.Tensor | None = None,
+    sw_block_k: int = 64,
+    sw_block_m_dense: int = 16,
+    sw_num_warps: int = 4,
+    sw_num_stages: int = 2,
+    span_block_k: int = 64,
+    span_block_p: int = 64,
+    span_num_warps: int = 4,
+    span_num_stages: int = 3,
+    use_bf16_pv: bool = True,
 ) -> torch.Tensor:
-    """The original's fused prefill signature: positions as ``cache_pos`` or ``cache_position`` (which
-    wins when both are given); ``topk`` overrides ``num_spans``."""
+    """The original's fused prefill signatures (its api module's and, keyword-only, its ``_prefill``
+    module's): positions as ``cache_pos`` or ``cache_position`` (which wins when both are given);
+    ``topk`` overrides ``num_spans``; ``key_cache_position`` must be None or the identity
+    (``check_key_positions``); the tile hints (``block_k``, ``search_block_q``, ``sw_*``,
+    ``span_block_*``, ``span_num_*``, ``use_bf16_pv``) are accepted and ignored."""
     position = cache_position if cache_position is not None else cache_pos
     if position is None:
         raise TypeError("missing the query positions: give 'cache_pos' or 'cache_position' (a [Lq] int tensor)")
+    if isinstance(K, torch.Tensor) and K.dim() == 4:
+        check_key_positions(key_cache_position, K.shape[2], K.shape[0])
     return prefill(
         Q1, Q2, K, V, position, attention_mask, sw_index, num_spans, block_k, search_block_q, backward_factor,
         forward_factor, span_power, search_power, inv_search_power_int, topk=topk,

@@ -16,7 +16,8 @@ from . import dispatch, geometry
 from .decode.settings import DecodeSettings
 from .kernels.launch import LaunchGeometry
 from .layer.attention import gate_backward, gate_forward, gate_scores_backward, gate_scores_forward, spans_of_anchors
-from .problem import SPAN_BACKWARD, SPAN_FORWARD, Problem
+from .problem import SPAN_BACKWARD, SPAN_FORWARD, STAGED_DECODE, Problem
+from .registry import REGISTRY
 
 NAMESPACE = "superlinear_ops"
 
@@ -145,11 +146,32 @@ def staged_decode_eager(
     as 0, so that it can never index outside the geometry tables.
     """
     params = _settings(search_power, inv_search_power_int)
-    factors = (backward_factor, forward_factor, span_power)
-    problem = Problem.for_decode(q2, k, topk, attention_mask is not None, sw_index, params.label, factors)
-    choice = dispatch.select(problem, block_k or None)
     settings = DecodeSettings(sw_index, topk, backward_factor, forward_factor, span_power, params)
+    choice = dispatch.select(_decode_problem(q2, k, attention_mask, settings), block_k or None)
     return choice.variant.launch(q1, q2, k, v, cache_position, attention_mask, settings, choice.config)
+
+
+def _decode_problem(q2: Tensor, k: Tensor, attention_mask: Tensor | None, settings: DecodeSettings) -> Problem:
+    factors = (settings.backward_factor, settings.forward_factor, settings.span_power)
+    return Problem.for_decode(q2, k, settings.topk, attention_mask is not None, settings.sw_index,
+                              settings.params.label, factors)
+
+
+def staged_decode_differentiable(
+    q1: Tensor,
+    q2: Tensor,
+    k: Tensor,
+    v: Tensor,
+    cache_position: Tensor,
+    attention_mask: Tensor | None,
+    settings: DecodeSettings,
+) -> Tensor:
+    """Staged decode [B, Hq, 1, D] by the op's reference variant (torch ops on any device),
+    differentiable in Q1 (through the gate), Q2, K and V: the decode kernels have no backward, so a
+    call that needs a gradient runs this instead of returning a detached result."""
+    variant = REGISTRY.reference(STAGED_DECODE)
+    problem = _decode_problem(q2, k, attention_mask, settings)
+    return variant.launch(q1, q2, k, v, cache_position, attention_mask, settings, variant.default(problem))
 
 
 staged_decode = torch.library.custom_op(f"{NAMESPACE}::staged_decode", staged_decode_eager, mutates_args=())
@@ -237,7 +259,6 @@ def _layer_gate_backward_fake(scores, span_out, grad):
 
 
 
-
 @torch.library.custom_op(f"{NAMESPACE}::layer_gate_scores", mutates_args=())
 def layer_gate_scores(q1: Tensor, k: Tensor, anchors: Tensor) -> Tensor:
     """Gate scores Q1 . K[anchor] [B, Hq, Lq, topk] (``layer.attention.gate_scores_forward``)."""
@@ -276,3 +297,20 @@ def _backward_by(backward_op):
 
 for _op, _backward in ((layer_gate, layer_gate_backward), (layer_gate_scores, layer_gate_scores_backward)):
     torch.library.register_autograd(_op, _backward_by(_backward), setup_context=_save_tensor_inputs)
+
+
+def _no_context(ctx, inputs, output) -> None:
+    """Nothing to save: the double-backward formula below only raises."""
+
+
+def _no_double_backward(ctx, *grads):
+    raise RuntimeError(
+        "superlinear_ops: double backward (differentiating the gradients of span attention, e.g. "
+        "torch.autograd.grad(..., create_graph=True) then backward) is not supported; compute the "
+        "gradients without create_graph=True"
+    )
+
+
+# The backward ops are differentiable only in name: differentiating them raises one clear error.
+for _op in (span_backward, layer_gate_backward, layer_gate_scores_backward):
+    torch.library.register_autograd(_op, _no_double_backward, setup_context=_no_context)

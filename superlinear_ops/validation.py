@@ -117,6 +117,15 @@ def check_span_inputs(q, k, v, qstart, qend, cache_position, attention_mask) -> 
     _mask(attention_mask, batch, lkv, q.device)
 
 
+def check_topk(value: object, name: str = "topk") -> int:
+    """``value`` as a slot count: an int >= 1; ValueError/TypeError naming ``name`` (the argument the caller passed)."""
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise TypeError(f"{name} must be an int >= 1, got {type(value).__name__} ({value!r})")
+    if value < 1:
+        raise ValueError(f"{name} must be an int >= 1, got {value!r}")
+    return value
+
+
 def _search_query(q1, q2, topk) -> None:
     """Checks of what searching ops add to the attention inputs: Q1 like Q2, and topk."""
     q1 = _tensor("Q1", q1)
@@ -124,8 +133,7 @@ def _search_query(q1, q2, topk) -> None:
         raise ValueError(f"Q1 must have Q2's shape {tuple(q2.shape)}, got {tuple(q1.shape)}")
     if q1.dtype != q2.dtype or q1.device != q2.device:
         raise TypeError(f"Q1 must match Q2's dtype and device ({q2.dtype}, {q2.device})")
-    if isinstance(topk, bool) or not isinstance(topk, int) or topk < 1:
-        raise ValueError(f"topk must be an int >= 1, got {topk!r}")
+    check_topk(topk)
 
 
 def check_decode_inputs(q1, q2, k, v, cache_position, attention_mask, topk) -> None:

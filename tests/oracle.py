@@ -185,7 +185,11 @@ class DecodeTrace:
 
 
 def decode_head(q1, q2, k, v, pos: int, allowed, params: DecodeParams) -> tuple[torch.Tensor, DecodeTrace]:
-    """Staged decode for one (b, h) (SPEC section 3): q1/q2 [D], k/v [Lkv, D] of its KV head."""
+    """Staged decode for one (b, h) (SPEC section 3): q1/q2 [D], k/v [Lkv, D] of its KV head.
+
+    Anchors are chosen on detached float64 scores; the output is differentiable in q1 (through the
+    gate), q2, k and v, like the whole layer's.
+    """
     key_length = k.shape[0]
     pos = min(pos, key_length - 1)
     t, window = pos + 1, params.window
@@ -197,7 +201,7 @@ def decode_head(q1, q2, k, v, pos: int, allowed, params: DecodeParams) -> tuple[
     for offset in stripe_offsets(key_length, params.sw_index, params.power):
         loc = t - offset
         if 0 <= loc < window_start and allowed(loc):
-            candidates.append((float(q1 @ k[loc]), loc))
+            candidates.append((float(q1.detach() @ k[loc].detach()), loc))
     candidates.sort(key=lambda c: -c[0])
     first = next((x for x in range(key_length) if allowed(x)), 0)
     chosen, outs = [], []
@@ -212,7 +216,8 @@ def decode_head(q1, q2, k, v, pos: int, allowed, params: DecodeParams) -> tuple[
         outs.append(_attend(q2, k, v, [x for x in keys if allowed(x)])[0])
     if not chosen:  # every gate weight 1/topk over equal window-only outputs
         return _attend(q2, k, v, [x for x in window_keys if allowed(x)])[0], DecodeTrace(False, [])
-    gate = torch.softmax(torch.tensor([c[0] for c in chosen], dtype=torch.float64), 0)
+    # The gate scores are recomputed from the leaves, so that Q1 and K get their gradient through the gate.
+    gate = torch.softmax(torch.stack([q1 @ k[anchor] for _, anchor, _, _ in chosen]), 0)
     return sum(g * o for g, o in zip(gate, outs)), DecodeTrace(False, chosen)
 
 

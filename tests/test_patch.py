@@ -4,6 +4,7 @@ module that binds them, route to these ops (and unpatch_superlinear puts the ori
 from __future__ import annotations
 
 import importlib
+import inspect
 import logging
 import sys
 
@@ -11,7 +12,7 @@ import pytest
 import torch
 
 import superlinear_ops
-from superlinear_ops import api, dispatch
+from superlinear_ops import api, dispatch, layer_api
 from superlinear_ops.patch import patch_superlinear, unpatch_superlinear
 
 pytest.importorskip(
@@ -232,3 +233,43 @@ def test_nothing_is_patched_when_the_original_cannot_be_imported(monkeypatch, ca
     assert "cannot be imported" in caplog.text and "triton" in caplog.text
     monkeypatch.undo()
     assert all(snapshot(BOUND)[key] is original for key, original in ORIGINALS.items())
+
+
+# The original's (*args, **kwargs) forwarders and the function whose signature each takes.
+FORWARDED = {
+    "span_attention": (f"{SPAN}.api", "fused_span_attention"),
+    "span_attention_gqa": (f"{SPAN}.api", "fused_span_attention_gqa"),
+    "decode_span_attention": (f"{SPAN}.api", "decode_span_attention_staged"),
+    "decode_span_attention_gqa": (f"{SPAN}.api", "decode_span_attention_staged_gqa"),
+    "prefill_gqa": (f"{ATTENTION}.api", "fused_prefill_with_swtriton_gqa"),
+    "fused_prefill_with_swtriton": (f"{ATTENTION}._prefill", "fused_prefill_with_swtriton"),
+}
+
+
+def _original_signature(name: str) -> inspect.Signature:
+    function = ORIGINALS[f"{SPAN if name in SPAN_NAMES else ATTENTION}.api.{name}"]
+    if name in FORWARDED:
+        assert "args" in inspect.signature(function).parameters, f"{name} is no longer a forwarder"
+        home, target = FORWARDED[name]
+        function = getattr(module(home), target)
+    return inspect.signature(function)
+
+
+@pytest.mark.parametrize("name", SPAN_NAMES + LAYER_NAMES)
+def test_every_call_the_original_accepts_binds_to_ours(name: str) -> None:
+    """For every replaced public name (forwarders resolved to the function they call): each of the
+    original's positional parameters sits at the same position in ours, each of its parameter
+    names (keyword-only ones included) is a keyword ours accepts, and ours requires nothing more."""
+    theirs = _original_signature(name)
+    ours = inspect.signature(getattr(api if name in SPAN_NAMES else layer_api, name))
+    positional = (inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD)
+    our_positional = [p for p in ours.parameters.values() if p.kind in positional]
+    keywords = {p.name for p in ours.parameters.values() if p.kind != inspect.Parameter.POSITIONAL_ONLY}
+    for index, param in enumerate(theirs.parameters.values()):
+        if param.kind in positional:
+            assert index < len(our_positional), f"{name}: positional {param.name!r} (#{index}) has no place in ours"
+        assert param.name in keywords or param.kind == inspect.Parameter.POSITIONAL_ONLY, (
+            f"{name}: the original's {param.name!r} is not a keyword of ours")
+    required = {p.name for p in ours.parameters.values() if p.default is inspect.Parameter.empty}
+    theirs_required = [p for p in theirs.parameters.values() if p.default is inspect.Parameter.empty]
+    assert len(required) <= len(theirs_required), f"{name}: ours requires {sorted(required)}, the original {theirs_required}"

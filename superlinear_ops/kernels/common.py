@@ -47,6 +47,14 @@ def load_key_block(K_ptr, V_ptr, kv_base, stride_kl, mask_ptr, mask_base, offs_n
 
 
 @triton.jit
+def finite_or_zero(x):
+    """``x`` with NaN and infinite entries read as 0: how the backward kernels read Q, K and V, so
+    that a non-finite value never meets a zero weight in a sum or a dot (0 * NaN is NaN) and a
+    poisoned row passes no gradient (docs/semantics.md, section 2)."""
+    return tl.where(tl.abs(x) < float("inf"), x, 0.0)
+
+
+@triton.jit
 def scored_block(
     q, K_ptr, V_ptr, kv_base, stride_kl, mask_ptr, mask_base,
     start, hi, offs_d, d_mask, qk_scale,

@@ -119,7 +119,23 @@ def mask_bytes(attention_mask: torch.Tensor | None, device: torch.device) -> tor
         return torch.zeros(1, dtype=torch.uint8, device=device)
     if attention_mask.dtype == torch.bool:
         return unit_stride(attention_mask).view(torch.uint8)
-    return (attention_mask != 0).to(torch.uint8)
+    return (attention_mask != 0).view(torch.uint8)  # one pass: the bool result reinterpreted
+
+
+INT32_MAX = 2**31 - 1
+
+
+def kernel_index(t: torch.Tensor, low: int, high: int) -> torch.Tensor:
+    """An index tensor with its values clamped to [low, high] where they could leave int32 (int64 input),
+    so that the kernels' int32 arithmetic on them never wraps; int32 input is returned as it is."""
+    return t if t.dtype == torch.int32 else t.clamp(low, high)
+
+
+def check_kernel_extent(name: str, value: int) -> int:
+    """``value`` when it fits the kernels' int32 index arithmetic; ValueError naming ``name`` otherwise."""
+    if value > INT32_MAX:
+        raise ValueError(f"{name} = {value} is too large for the kernels' int32 indices (at most {INT32_MAX})")
+    return value
 
 
 @dataclass(frozen=True)
@@ -128,7 +144,12 @@ class LaunchGeometry:
 
     q [B, Hq, Lq, D], k and v [B, Hkv, Lkv, D] with a unit stride on D and equal strides;
     qstart/qend contiguous [B, Hq, Lq, K]; cache_position int32 [Lq]; mask uint8 [B, >= Lkv]
-    with a unit column stride (a 1-element dummy when there is no mask).
+    with a unit column stride (a 1-element dummy when there is no mask); window W <= Lkv.
+
+    This is the one place where the integers the kernels read are made to fit int32, each change
+    exact: W is clamped to Lkv (a window at least as long as the keys covers every earlier key),
+    span bounds to [-1, Lkv] (a start past the keys is an empty span, an end below -1 an unused
+    slot) and positions to [-1, Lkv - 1] (SPEC: pos = min(cache_position, Lkv - 1)).
     """
 
     q: torch.Tensor
@@ -170,14 +191,16 @@ class LaunchGeometry:
     ) -> "LaunchGeometry":
         """Lay validated inputs out for the kernels, copying only what is not already usable."""
         k, v = key_value_pair(k, v)
+        key_length = check_kernel_extent("Lkv", k.shape[2])
+        check_kernel_extent("Hq / Hkv * Lq * K (span triples per KV head)", q.shape[1] // k.shape[1] * qstart.shape[2] * qstart.shape[3])
         return cls(
             q=unit_stride(q),
             k=k,
             v=v,
-            qstart=qstart.contiguous(),
-            qend=qend.contiguous(),
-            cache_position=cache_position.to(torch.int32).contiguous(),
+            qstart=kernel_index(qstart, -1, key_length).contiguous(),
+            qend=kernel_index(qend, -1, key_length).contiguous(),
+            cache_position=kernel_index(cache_position, -1, key_length - 1).to(torch.int32).contiguous(),
             mask=mask_bytes(attention_mask, q.device),
             has_mask=attention_mask is not None,
-            window=int(window),
+            window=min(int(window), key_length),
         )

@@ -17,7 +17,7 @@ import torch
 import triton
 import triton.language as tl
 
-from .common import LOG2E, scored_block, span_bounds, window_bounds
+from .common import LOG2E, finite_or_zero, scored_block, span_bounds, window_bounds
 from .launch import KernelConfig, LaunchGeometry
 
 
@@ -35,17 +35,19 @@ def _backward_segment(
             q, K_ptr, V_ptr, kv_base, stride_kl, mask_ptr, mask_base,
             start, hi, offs_d, d_mask, qk_scale, BLOCK_K, HAS_MASK,
         )
+        k, v = finite_or_zero(k), finite_or_zero(v)
         ds = tl.zeros((BLOCK_K,), dtype=tl.float32)
         dv = tl.zeros((BLOCK_K, BLOCK_D), dtype=tl.float32)
         for j in tl.static_range(N_SLOTS):
             slot = first_slot + j
             lse = tl.load(Lse_ptr + slot)
+            live = lse == lse  # a poisoned (NaN) span passes no gradient
             delta = tl.load(Delta_ptr + slot)
             do = tl.load(dO_ptr + slot * D_HEAD + offs_d, mask=d_mask, other=0.0).to(tl.float32)
-            p = tl.exp2(s2 - lse)
+            p = tl.where(live, tl.exp2(s2 - lse), 0.0)
             dp = tl.sum(v * do[None, :], axis=1)
-            ds += p * (dp - delta)
-            dv += p[:, None] * do[None, :]
+            ds += tl.where(live, p * (dp - delta), 0.0)
+            dv += tl.where(live, p[:, None] * do[None, :], 0.0)
         dq += tl.sum(ds[:, None] * k, axis=0)
         dkv_offsets = dkv_base + offs_k[:, None].to(tl.int64) * D_HEAD + offs_d[None, :]
         tl.atomic_add(dK_ptr + dkv_offsets, ds[:, None] * q[None, :] * sm_scale, mask=kv_mask)
@@ -75,7 +77,7 @@ def span_backward_kernel(
     offs_d = tl.arange(0, BLOCK_D)
     d_mask = offs_d < D_HEAD
     q_ptrs = Q_ptr + batch * stride_qb + head * stride_qh + query * stride_ql + offs_d
-    q = tl.load(q_ptrs, mask=d_mask, other=0.0).to(tl.float32)
+    q = finite_or_zero(tl.load(q_ptrs, mask=d_mask, other=0.0).to(tl.float32))
     kv_head = head // REP
     kv_base = batch * stride_kb + kv_head * stride_kh
     if SPLIT_DKV:

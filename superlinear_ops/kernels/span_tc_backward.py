@@ -29,7 +29,7 @@ import torch
 import triton
 import triton.language as tl
 
-from .common import LOG2E, load_key_block, tc_dot
+from .common import LOG2E, finite_or_zero, load_key_block, tc_dot
 from .launch import LaunchGeometry, check_tile_config
 from .span_tiles import span_tile_plan
 from .window_tc_backward import operand, window_backward
@@ -59,7 +59,8 @@ def combine_rows_kernel(
     rd_mask = row_ok[:, None] & (offs_d < D_HEAD)[None, :]
     c = tl.full((BLOCK_R,), float("inf"), tl.float32)
     for j in tl.static_range(K_SPANS):
-        c = tl.minimum(c, tl.load(Lse_ptr + rows * K_SPANS + j, mask=row_ok, other=float("inf")))
+        lse = tl.load(Lse_ptr + rows * K_SPANS + j, mask=row_ok, other=float("inf"))
+        c = tl.minimum(c, tl.where(lse == lse, lse, float("inf")))  # a poisoned (NaN) span passes no gradient
     dos = tl.zeros((BLOCK_R, BLOCK_D), dtype=tl.float32)
     delta_s = tl.zeros((BLOCK_R,), dtype=tl.float32)
     c_ref = tl.where(c < float("inf"), c, 0.0)  # no inf - inf below
@@ -100,8 +101,10 @@ def span_tile_backward_kernel(
     lo = tl.load(lo_ptr + plan, mask=row_ok, other=0)
     hi = tl.load(hi_ptr + plan, mask=row_ok, other=-1)
     present = hi >= lo
-    tile_lo = tl.min(tl.where(present, lo, NO_KEY), axis=0)
     tile_hi = tl.max(tl.where(present, hi, -1), axis=0)
+    # An empty tile would start at NO_KEY: bound it by tile_hi + 1 so that no loop step (a pipeliner
+    # evaluates the next ones ahead) computes NO_KEY + BLOCK_N, which wraps to a negative key.
+    tile_lo = tl.minimum(tl.min(tl.where(present, lo, NO_KEY), axis=0), tile_hi + 1)
 
     head = kv_head * REP + triple // (L_Q * K_SPANS)
     query = (triple // K_SPANS) % L_Q
@@ -110,9 +113,10 @@ def span_tile_backward_kernel(
     d_mask = offs_d < D_HEAD
     rd_mask = row_ok[:, None] & d_mask[None, :]
     q_rows = batch * stride_qb + head * stride_qh + query * stride_ql
-    q = tl.load(Q_ptr + q_rows[:, None] + offs_d[None, :], mask=rd_mask, other=0.0)
+    q = finite_or_zero(tl.load(Q_ptr + q_rows[:, None] + offs_d[None, :], mask=rd_mask, other=0.0))
     do = tl.load(dO_ptr + slot[:, None] * D_HEAD + offs_d[None, :], mask=rd_mask, other=0.0)
     lse = tl.load(Lse_ptr + slot, mask=row_ok, other=float("inf"))
+    live = lse == lse  # a poisoned (NaN) row passes no gradient
     delta = tl.load(Delta_ptr + slot, mask=row_ok, other=0.0)
 
     kv_base = batch * stride_kb + kv_head * stride_kh
@@ -123,7 +127,8 @@ def span_tile_backward_kernel(
         in_range = offs_n <= tile_hi
         k, v, key_ok = load_key_block(K_ptr, V_ptr, kv_base, stride_kl, mask_ptr, batch * stride_mb, offs_n,
                                 in_range, offs_d, d_mask, HAS_MASK)
-        attend = (offs_n[None, :] >= lo[:, None]) & (offs_n[None, :] <= hi[:, None]) & key_ok[None, :]
+        k = finite_or_zero(k)  # dq += ds @ k: a NaN key must not reach the rows that do not attend it
+        attend = (offs_n[None, :] >= lo[:, None]) & (offs_n[None, :] <= hi[:, None]) & (key_ok[None, :] & live[:, None])
         s2 = tc_dot(q, tl.trans(k), UPCAST) * qk_scale
         p = tl.where(attend, tl.exp2(s2 - lse[:, None]), 0.0)
         dp = tc_dot(do, tl.trans(v), UPCAST)

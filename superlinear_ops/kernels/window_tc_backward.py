@@ -30,7 +30,7 @@ import torch
 import triton
 import triton.language as tl
 
-from .common import LOG2E, load_key_block, tc_dot
+from .common import LOG2E, finite_or_zero, load_key_block, tc_dot
 
 
 @triton.jit
@@ -55,7 +55,7 @@ def _query_rows(Q_ptr, dOs_ptr, c_ptr, ds_ptr, perm_ptr, spos_ptr, sorted_idx, L
     lo = tl.maximum(pos - WINDOW + 1, 0)
     hi = pos  # -1 for padding rows; lo > hi when WINDOW is 0
     rd_mask = row_ok[:, None] & d_mask[None, :]
-    q = tl.load(Q_ptr + q_base + query[:, None] * stride_ql + offs_d[None, :], mask=rd_mask, other=0.0)
+    q = finite_or_zero(tl.load(Q_ptr + q_base + query[:, None] * stride_ql + offs_d[None, :], mask=rd_mask, other=0.0))
     rows = tl.where(row_ok, row_base + query, -1)
     dos = tl.load(dOs_ptr + rows[:, None] * D_HEAD + offs_d[None, :], mask=rd_mask, other=0.0)
     c = tl.load(c_ptr + rows, mask=row_ok, other=float("inf"))
@@ -82,6 +82,7 @@ def window_dkdv_kernel(
     k, v, key_ok = load_key_block(K_ptr, V_ptr, batch * stride_kb + kv_head * stride_kh, stride_kl, mask_ptr,
                             batch * stride_mb, offs_n, (offs_n < L_KV) & (offs_n <= last_pos), offs_d, d_mask,
                             HAS_MASK)
+    k = finite_or_zero(k)
     dk = tl.zeros((BLOCK_N, BLOCK_D), dtype=tl.float32)
     dv = tl.zeros((BLOCK_N, BLOCK_D), dtype=tl.float32)
     t_first = tl.load(first_ptr + kblock)
@@ -137,6 +138,7 @@ def window_dq_kernel(
         offs_n = start + tl.arange(0, BLOCK_N)
         k, v, key_ok = load_key_block(K_ptr, V_ptr, kv_base, stride_kl, mask_ptr, batch * stride_mb, offs_n,
                                 offs_n <= tile_hi, offs_d, d_mask, HAS_MASK)
+        k = finite_or_zero(k)  # dq += ds @ k: a NaN key must not reach the rows that do not attend it
         attend = (offs_n[None, :] >= lo[:, None]) & (offs_n[None, :] <= hi[:, None]) & key_ok[None, :]
         s2 = tc_dot(q, tl.trans(k), UPCAST) * qk_scale
         p = tl.where(attend, tl.exp2(s2 - c[:, None]), 0.0)

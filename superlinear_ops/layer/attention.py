@@ -84,10 +84,13 @@ def gate_scores_backward(q1: torch.Tensor, k: torch.Tensor, anchors: torch.Tenso
 
         return kernel(unit_stride(q1), unit_stride(k), anchors.contiguous(), grad.to(torch.float32).contiguous())
     k_rows, rows = _key_rows(k, anchors)
-    keys = k_rows.index_select(0, rows.reshape(-1)).view(*rows.shape, -1)
-    d_q1 = (grad[..., None] * keys.to(grad.dtype)).sum(dim=-2).to(q1.dtype)
+    used = (anchors >= 0)[..., None]
+    # An empty slot reads neither its stand-in key row nor Q1 (0 * NaN would still be NaN).
+    keys = k_rows.index_select(0, rows.reshape(-1)).view(*rows.shape, -1).to(grad.dtype)
+    d_q1 = torch.where(used, grad[..., None] * keys, 0.0).sum(dim=-2).to(q1.dtype)
     d_k = torch.zeros(k_rows.shape, dtype=grad.dtype, device=k.device)
-    d_k.index_add_(0, rows.reshape(-1), (grad[..., None] * q1.to(grad.dtype)[..., None, :]).reshape(-1, k_rows.shape[1]))
+    contributions = torch.where(used, grad[..., None] * q1.to(grad.dtype)[..., None, :], 0.0)
+    d_k.index_add_(0, rows.reshape(-1), contributions.reshape(-1, k_rows.shape[1]))
     return d_q1, d_k.view(k.shape).to(k.dtype)
 
 
