@@ -75,6 +75,18 @@ def test_upsert_keeps_the_faster_entry_unless_forced(tmp_path) -> None:
         assert len(store.entries()) == 1
 
 
+def test_a_fresh_measurement_replaces_a_stale_entry_even_when_slower(tmp_path) -> None:
+    """An entry measured with other kernel code or another Triton no longer compares: a re-tune's
+    entry replaces it even when its time is higher (a re-tune used to keep the stale, faster one)."""
+    with Store.writer(tmp_path / "s.sqlite") as store:
+        assert store.put(make_entry(0, median_ms=1.0, provenance={"kernel_hash": "0123456789abcdef"}))
+        assert store.put(make_entry(0, median_ms=3.0))
+        assert store.get(make_key(0).text()).median_ms == 3.0
+        assert store.put(make_entry(0, median_ms=2.0, provenance={"triton_version": "9.9.0"}))
+        assert not store.put(make_entry(0, median_ms=2.5, provenance={"triton_version": "9.9.0"}))
+        assert store.get(make_key(0).text()).provenance.triton_version == "9.9.0"
+
+
 GPU_KEY = make_key(0, device="NVIDIA H200", arch="sm_90")
 
 

@@ -32,6 +32,7 @@ from sqlalchemy import (
     delete,
     event,
     inspect,
+    or_,
     select,
 )
 from sqlalchemy.dialects import postgresql, sqlite
@@ -44,6 +45,8 @@ from .entry import Provenance, TunedEntry
 
 SCHEMA_VERSION = 1
 BUSY_TIMEOUT_S = 60
+# What an entry was measured with: a new entry whose values differ replaces the stored one even when slower.
+REMEASURED_BY = ("kernel_hash", "triton_version")
 ENV_CACHE = "SUPERLINEAR_OPS_CACHE"
 
 metadata = MetaData()
@@ -289,7 +292,9 @@ class Store:
         return [_entry(r) for r in rows]
 
     def put(self, entry: TunedEntry, *, force: bool = False) -> bool:
-        """Store ``entry``; an existing entry for its key is replaced only by a faster one (or when forced).
+        """Store ``entry``; an existing entry for its key is replaced by a faster one, by one measured
+        with other code or another Triton (the stored one is stale for it: its time no longer
+        compares), or when forced.
 
         Returns True when ``entry`` was written.
         """
@@ -310,16 +315,21 @@ class Store:
         if dialect in ("sqlite", "postgresql"):
             insert = (sqlite if dialect == "sqlite" else postgresql).insert(entries_table).values(**row)
             updates = {name: insert.excluded[name] for name in row if name != "key_text"}
-            where = None if force else insert.excluded.median_ms < entries_table.c.median_ms
+            where = None if force else or_(
+                insert.excluded.median_ms < entries_table.c.median_ms,
+                *(insert.excluded[name] != entries_table.c[name] for name in REMEASURED_BY),
+            )
             statement = insert.on_conflict_do_update(index_elements=["key_text"], set_=updates, where=where)
             return len(conn.execute(statement.returning(entries_table.c.key_text)).all())
+        columns = [entries_table.c.median_ms, *(entries_table.c[name] for name in REMEASURED_BY)]
         current = conn.execute(
-            select(entries_table.c.median_ms).where(entries_table.c.key_text == row["key_text"]).with_for_update()
-        ).scalar()
+            select(*columns).where(entries_table.c.key_text == row["key_text"]).with_for_update()
+        ).first()
         if current is None:
             conn.execute(entries_table.insert().values(**row))
             return 1
-        if force or row["median_ms"] < current:
+        median, *measured_with = current
+        if force or row["median_ms"] < median or tuple(measured_with) != tuple(row[name] for name in REMEASURED_BY):
             conn.execute(entries_table.update().where(entries_table.c.key_text == row["key_text"]).values(**row))
             return 1
         return 0
