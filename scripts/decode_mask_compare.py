@@ -20,18 +20,17 @@ import json
 import torch
 import torch.nn.functional as F
 from decode_compare import api_call, kernel_times
-from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from superlinear_ops import dispatch
 from superlinear_ops.problem import device_identity
-from superlinear_ops.tuner.bench import traffic
+from superlinear_ops.tuner.bench import DENSE_BACKENDS, grouped_heads, time_backends, traffic
 from superlinear_ops.tuner.runner import Inputs, ProblemBench, measure
 from superlinear_ops.tuner.workload import Case, load
 
 CONTEXTS = (4096, 65536, 1048576)
 MASKS = (("no mask", None), ("mask of ones", "ones"), ("10% holes", "holes"), ("100 left-padded keys", "left_padding"))
 BANDWIDTH = 4.8e12  # bytes per second: the lower bound's
-BACKENDS = (SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.CUDNN_ATTENTION, SDPBackend.MATH)
+BACKENDS = (*DENSE_BACKENDS, "MATH")
 
 
 def masked_case(context: int, kind: str | None) -> Case:
@@ -44,22 +43,13 @@ def masked_case(context: int, kind: str | None) -> Case:
 
 def sdpa_times(x: Inputs, device: torch.device) -> dict[str, float | str]:
     """Median graph-replay ms of dense SDPA per backend forced (its reason where it cannot run)."""
-    hq, hkv = x.q.shape[1], x.k.shape[1]
     mask = None if x.mask is None else (x.mask[:, None, None, : x.k.shape[2]] != 0)
-    expanded = [t.repeat_interleave(hq // hkv, dim=1) for t in (x.k, x.v)]
-    times: dict[str, float | str] = {}
-    for backend in BACKENDS:
-        for gqa, (k, v) in ((True, (x.k, x.v)), (False, expanded)):
-            def call(k=k, v=v, gqa=gqa, backend=backend):
-                with sdpa_kernel(backend):
-                    return F.scaled_dot_product_attention(x.q, k, v, attn_mask=mask, enable_gqa=gqa)
-            name = backend.name if gqa else f"{backend.name} (K/V expanded to every query head)"
-            try:
-                times[name] = measure(call, device, graph=True)
-                break
-            except RuntimeError as err:
-                times[name] = f"unavailable: {str(err).splitlines()[0][:160]}"
-    return times
+
+    def call(expand):
+        k, v = grouped_heads(x, expand)
+        return lambda: F.scaled_dot_product_attention(x.q, k, v, attn_mask=mask, enable_gqa=not expand)
+
+    return time_backends(call, device, graph=True, backends=BACKENDS)
 
 
 def replay_vs_eager(call, x: Inputs, device: torch.device, steps: int = 3) -> float:

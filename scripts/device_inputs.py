@@ -12,7 +12,6 @@ same cases under Triton's interpreter (tiny shapes, slow), as a dry run.
 from __future__ import annotations
 
 import argparse
-import itertools
 import json
 import math
 import os
@@ -31,7 +30,7 @@ from superlinear_ops.kernels.span_tc_forward import span_forward_tc  # noqa: E40
 from superlinear_ops.problem import SPAN_BACKWARD, Problem  # noqa: E402
 from superlinear_ops.reference import span_backward_reference, span_forward_reference  # noqa: E402
 from superlinear_ops.registry import REGISTRY  # noqa: E402
-from superlinear_ops.variants import TC_BACKWARD_SPACE  # noqa: E402
+from superlinear_ops.tuner.sanitize import covering_configs  # noqa: E402
 
 GPU = torch.cuda.is_available()
 DEVICE = torch.device("cuda" if GPU else "cpu")
@@ -171,21 +170,6 @@ def decode_cases() -> list[dict]:
     return [compare("decode, inputs that require grad", run(DTYPE), run(torch.float64))]
 
 
-def covering_configs(space) -> list[KernelConfig]:
-    """Every value of every tunable with the others at their defaults, and every pair of pipeline
-    depth and key-tile width of each kernel part."""
-    default = dict(SPAN_TC_BACKWARD_DEFAULTS)
-    configs = {tuple(sorted(default.items()))}
-    for param in space:
-        for value in param.values:
-            configs.add(tuple(sorted({**default, param.name: value}.items())))
-    values = {p.name: p.values for p in space}
-    for part in ("window", "span"):
-        for stages, block_n in itertools.product(values[f"{part}_stages"], values[f"{part}_block_n"]):
-            configs.add(tuple(sorted({**default, f"{part}_stages": stages, f"{part}_block_n": block_n}.items())))
-    return [KernelConfig(dict(c)) for c in sorted(configs)]
-
-
 def backward_space_cases(small: bool) -> list[dict]:
     """The tensor-core backward at a training shape (every query its own window, three spans) for
     each covering configuration of the declared space, against the float64 reference."""
@@ -208,7 +192,7 @@ def backward_space_cases(small: bool) -> list[dict]:
     out, lse = span_forward_tc(geo, KernelConfig(window_block_m=64, window_block_n=64, window_warps=4, window_stages=2,
                                                  span_block_m=64, span_block_n=64, span_warps=4, span_stages=2))
     results = []
-    for config in covering_configs(TC_BACKWARD_SPACE):
+    for config in covering_configs(variant, KernelConfig(SPAN_TC_BACKWARD_DEFAULTS)):
         reason = variant.compile_check(problem, config)
         if reason:  # the registry's static check keeps it from every tune on this GPU
             results.append({"case": f"backward {config.text()}", "ok": True, "skipped": reason, "errors": {}})

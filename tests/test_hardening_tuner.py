@@ -76,7 +76,7 @@ def _trials(storage: str) -> list[optuna.trial.FrozenTrial]:
 
 
 def test_ctrl_c_during_tune_leaves_no_false_record_and_resumes(tmp_path) -> None:
-    """SIGINT while the second problem times its default: exit 130 with one line and no traceback,
+    """SIGINT while the second problem's default runs in the worker: exit 130 with one line and no traceback,
     the first problem's winner stored, the interrupted trial marked (not a failure); the rerun
     measures the default again and stores finite default times."""
     workload = _write(tmp_path, GOOD)
@@ -86,15 +86,15 @@ def test_ctrl_c_during_tune_leaves_no_false_record_and_resumes(tmp_path) -> None
     env = {**os.environ, "TRITON_INTERPRET": "1", "PYTHONPATH": str(ROOT)}
     interrupter = textwrap.dedent("""\
         import os, signal, sys, time
-        from superlinear_ops.tuner import runner
-        original, calls = runner.ProblemBench.time_ms, []
-        def time_ms(self, *args):
+        from superlinear_ops.tuner import worker
+        original, calls = worker.CandidateWorker.evaluate, []
+        def evaluate(self, *args):
             calls.append(1)
             if len(calls) == 3:  # the second problem's first (default) trial
                 os.kill(os.getpid(), signal.SIGINT)
                 time.sleep(30)
             return original(self, *args)
-        runner.ProblemBench.time_ms = time_ms
+        worker.CandidateWorker.evaluate = evaluate
         from superlinear_ops.cli import main
         sys.exit(main(sys.argv[1:]))
     """)

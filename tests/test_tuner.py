@@ -24,6 +24,7 @@ from superlinear_ops.cli import main
 from superlinear_ops.kernels.launch import KernelConfig
 from superlinear_ops.problem import STAGED_DECODE, device_identity
 from superlinear_ops.registry import REGISTRY, Param, Variant
+from superlinear_ops.tuner.bench import DENSE_BACKENDS
 from superlinear_ops.tuner.search import SearchSettings, study_name
 from superlinear_ops.tuner.tune import open_storage, tune, unique_cases
 from superlinear_ops.tuner.workload import WorkloadError, load
@@ -87,19 +88,26 @@ def _wrong_decode(*args, config):
     return staged_decode_with(triton_forward)(*args, config) * 1.5 + 0.25
 
 
+PLANTED_BROKEN = Variant(
+    op=STAGED_DECODE, name="planted_broken", launch=lambda *a: _wrong_decode(*a[:-1], config=a[-1]),
+    space=(Param("block_k", (16, 32)), Param("num_warps", (4,)), Param("num_stages", (2,))),
+    reasons=triton_reasons, compile_check=no_check,
+    default=lambda problem: KernelConfig(block_k=16, num_warps=4, num_stages=2), priority=-1,
+)
+
+
+def register_broken() -> None:
+    """Worker setup: the worker process must know the planted variant too."""
+    REGISTRY.register(PLANTED_BROKEN)
+
+
 def test_planted_broken_variant_is_never_chosen(tmp_path, decode_workload) -> None:
-    planted = Variant(
-        op=STAGED_DECODE, name="planted_broken", launch=lambda *a: _wrong_decode(*a[:-1], config=a[-1]),
-        space=(Param("block_k", (16, 32)), Param("num_warps", (4,)), Param("num_stages", (2,))),
-        reasons=triton_reasons, compile_check=no_check,
-        default=lambda problem: KernelConfig(block_k=16, num_warps=4, num_stages=2), priority=-1,
-    )
-    REGISTRY.register(planted)
+    register_broken()
     try:
         storage = str(tmp_path / "studies.sqlite")
         settings = SearchSettings(trials=8, seed=3)
         results = tune(str(decode_workload), settings=settings, storage=storage, cache=str(tmp_path / "c.sqlite"),
-                       device=CPU, progress=False)
+                       device=CPU, progress=False, worker_setup=register_broken)
         assert results[0].variant != "planted_broken"  # anything correct, never the planted one
         case = load(decode_workload).cases(device_identity(CPU))[0]
         study = optuna.load_study(study_name=study_name(key_of(case.problem), settings), storage=open_storage(storage))
@@ -107,7 +115,7 @@ def test_planted_broken_variant_is_never_chosen(tmp_path, decode_workload) -> No
         assert broken, "the planted variant was never tried (it is the default: it must be)"
         for trial in broken:
             assert trial.state == TrialState.FAIL
-            assert "wrong result" in trial.user_attrs["failure"]
+            assert "wrong result" in trial.user_attrs["failure"] and trial.user_attrs["failure_category"] == "wrong numbers"
     finally:
         REGISTRY.unregister(STAGED_DECODE, "planted_broken")
         dispatch.DISPATCHER.clear()
@@ -145,16 +153,16 @@ def test_resume_after_kill_9(tmp_path, decode_workload) -> None:
     command = [sys.executable, "-m", "superlinear_ops.cli", "tune", str(decode_workload), "--trials", "6",
                "--storage", storage, "--cache", cache, "--device", "cpu", "--no-progress"]
     env = {**os.environ, "TRITON_INTERPRET": "1"}
-    # The first run kills itself (SIGKILL) as it starts timing its fourth candidate: no timing race.
+    # The first run kills itself (SIGKILL) as it hands its fourth candidate to the worker: no timing race.
     killer = (
         "import os, signal, sys\n"
-        "from superlinear_ops.tuner import runner\n"
-        "original, calls = runner.ProblemBench.time_ms, []\n"
-        "def time_ms(self, *args):\n"
+        "from superlinear_ops.tuner import worker\n"
+        "original, calls = worker.CandidateWorker.evaluate, []\n"
+        "def evaluate(self, *args):\n"
         "    calls.append(1)\n"
-        "    if len(calls) == 5: os.kill(os.getpid(), signal.SIGKILL)\n"
+        "    if len(calls) == 4: os.kill(os.getpid(), signal.SIGKILL)\n"
         "    return original(self, *args)\n"
-        "runner.ProblemBench.time_ms = time_ms\n"
+        "worker.CandidateWorker.evaluate = evaluate\n"
         "from superlinear_ops.cli import main\n"
         "sys.exit(main(sys.argv[1:]))\n"
     )
@@ -229,7 +237,8 @@ def test_verify_and_bench_commands(tmp_path, capsys, monkeypatch, decode_workloa
 
     monkeypatch.setattr(runner.ProblemBench, "time_ms", rigged)
     assert main(["verify", str(decode_workload), "--cache", str(cache), "--device", "cpu", "--threshold", "0.5"]) == 0
-    assert "  ok" in capsys.readouterr().out
+    verified = capsys.readouterr().out
+    assert "  ok (" in verified and any(f"({name}" in verified for name in DENSE_BACKENDS)  # the fastest dense backend
     assert main(["verify", str(decode_workload), "--cache", str(cache), "--device", "cpu", "--threshold", "0.2"]) == 1
     assert "FAIL: slower than the default" in capsys.readouterr().out
     empty = tmp_path / "empty.sqlite"
@@ -252,6 +261,13 @@ def test_verify_and_bench_commands(tmp_path, capsys, monkeypatch, decode_workloa
     rows = json.loads(out.read_text())["rows"]
     assert rows[0]["label"] == "decode 64" and rows[0]["tuned_source"] == "explicit"
     assert rows[0]["tuned_choice"] == "staged block_k=16 num_stages=1 num_warps=1" and rows[0]["sdpa_ms"] > 0 and rows[0]["default_ms"] > 0
+    # Dense attention under each SDPA backend by name (a time, or why it cannot run here), the fastest named.
+    by_backend = rows[0]["sdpa_by_backend"]
+    assert set(DENSE_BACKENDS) <= {name.split(" (")[0] for name in by_backend}
+    ran = {name: ms for name, ms in by_backend.items() if isinstance(ms, float)}
+    assert ran and all(isinstance(v, str) and v.startswith("unavailable") for k, v in by_backend.items() if k not in ran)
+    fastest = min(ran, key=ran.get)
+    assert rows[0]["sdpa_ms"] == ran[fastest] and rows[0]["sdpa_kind"].endswith(fastest)
 
 
 def test_tune_command_options(tmp_path, capsys) -> None:
@@ -334,10 +350,9 @@ def test_decode_masks_are_what_their_kinds_say() -> None:
         decode_mask("stripes", 1, keys, keys, CPU, gen)
 
 
-def test_static_caches_and_masked_contexts_are_tuned_for_the_mean_over_their_inputs(tmp_path, monkeypatch) -> None:
-    """Every candidate's time is the mean over the fills a replayed graph sees (static cache) or over
-    the mask kinds (one key); the static cache's entry is stored as tuned on a static cache."""
-    from superlinear_ops.cache.layers import context_of
+def record_inputs(path: str) -> None:
+    """Worker setup: log every run's (position, masked keys per row) to ``path``; a timed call takes
+    the fill plus the masked keys in milliseconds."""
     from superlinear_ops.tuner import runner
 
     seen: list[tuple[int, tuple]] = []
@@ -346,19 +361,30 @@ def test_static_caches_and_masked_contexts_are_tuned_for_the_mean_over_their_inp
     def recording_run(variant, config, problem, x):
         holes = () if x.mask is None else tuple((~x.mask).sum(dim=1).tolist())
         seen.append((int(x.cache_position[-1]), holes))
+        with open(path, "a") as log:
+            log.write(json.dumps(seen[-1]) + "\n")
         return original_run(variant, config, problem, x)
 
     def fake_measure(call, device, graph=False):
         call()
         return float(seen[-1][0] + 1 + sum(seen[-1][1]))  # the fill plus the masked keys
 
-    monkeypatch.setattr(runner, "run", recording_run)
-    monkeypatch.setattr(runner, "measure", fake_measure)
+    runner.run, runner.measure = recording_run, fake_measure
+
+
+def test_static_caches_and_masked_contexts_are_tuned_for_the_mean_over_their_inputs(tmp_path) -> None:
+    """Every candidate's time is the mean over the fills a replayed graph sees (static cache) or over
+    the mask kinds (one key); the static cache's entry is stored as tuned on a static cache."""
+    import functools
+
+    from superlinear_ops.cache.layers import context_of
+
     path = tmp_path / "masked.yaml"
     path.write_text(MASKED_AND_STATIC)
-    cache = tmp_path / "c.sqlite"
+    cache, log = tmp_path / "c.sqlite", tmp_path / "runs.jsonl"
     results = tune(str(path), settings=SearchSettings(trials=2), storage=str(tmp_path / "s.sqlite"), cache=str(cache),
-                   device=CPU, progress=False)
+                   device=CPU, progress=False, worker_setup=functools.partial(record_inputs, str(log)))
+    seen = [(pos, tuple(holes)) for pos, holes in map(json.loads, log.read_text().splitlines())]
     static, masked = load(path).cases(device_identity(CPU))
     assert {s for s in seen if s[0] in (39, 51)} == {(39, (24,)), (51, (12,))}  # fills 40 and 52 of 64, B = 1
     assert results[0].best_ms == pytest.approx((40 + 24 + 52 + 12 + 64) / 3)

@@ -1,4 +1,5 @@
-"""A tuned entry: the winner for one problem key, how it was found, and where it was measured."""
+"""A tuned entry: the winner for one problem key, how it was found, and where it was measured; and a
+failure record: a candidate that failed on a key, why, and with what code."""
 
 from __future__ import annotations
 
@@ -97,3 +98,34 @@ class TunedEntry:
             )
         except (KeyError, TypeError) as err:
             raise ValueError(f"malformed tuned entry: {err!r}") from err
+
+
+FAILURE_CATEGORIES = ("compile error", "resource limit", "illegal access / crash", "timeout", "wrong numbers")
+
+
+@dataclass(frozen=True)
+class FailureRecord:
+    """A candidate (variant + configuration) that failed on one key; it is not retried while the
+    variant's code hash and the Triton version are the ones it failed with."""
+
+    key: ProblemKey
+    variant: str
+    config: KernelConfig
+    category: str  # one of FAILURE_CATEGORIES
+    message: str
+    kernel_hash: str
+    triton_version: str
+    package_version: str
+    host: str
+    created_at: str  # ISO 8601, UTC
+
+    def __post_init__(self) -> None:
+        if self.category not in FAILURE_CATEGORIES:
+            raise ValueError(f"category must be one of {FAILURE_CATEGORIES}, got {self.category!r}")
+        if self.key.op not in OPS:
+            raise ValueError(f"key.op must be one of {OPS}, got {self.key.op!r}")
+
+    @property
+    def key_text(self) -> str:
+        """The key's stable text form."""
+        return self.key.text()

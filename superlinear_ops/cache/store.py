@@ -5,7 +5,9 @@
 - SQLite runs in WAL mode with a busy timeout, and write transactions take the write lock up front
   (``BEGIN IMMEDIATE``), so concurrent writers neither lose rows nor see "database is locked".
 - Upserts keep the faster entry unless forced, in one atomic statement.
-- Readers never create or change anything; writers never touch a store they cannot read. The two
+- Failed candidates (``FailureRecord``) live in their own table, keyed by problem key, variant,
+  configuration, the variant's code hash and the Triton version, so a tune never retries them.
+- Readers never create or change anything; writers never touch a store they cannot read. The
   tables may share a database with other applications' tables (e.g. Optuna's studies).
 """
 
@@ -41,9 +43,9 @@ from sqlalchemy.exc import SQLAlchemyError
 
 from ..buckets import KEY_FIELD_TYPES, ProblemKey
 from ..kernels.launch import KernelConfig
-from .entry import Provenance, TunedEntry
+from .entry import FailureRecord, Provenance, TunedEntry
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2  # 2: the failures table
 BUSY_TIMEOUT_S = 60
 # What an entry was measured with: a new entry whose values differ replaces the stored one even when slower.
 REMEASURED_BY = ("kernel_hash", "triton_version")
@@ -52,9 +54,14 @@ ENV_CACHE = "SUPERLINEAR_OPS_CACHE"
 metadata = MetaData()
 schema_table = Table("superlinear_ops_schema", metadata, Column("version", Integer, nullable=False))
 _COLUMN_TYPES = {"str": lambda: String(128), "int": lambda: Integer, "bool": lambda: Boolean, "tuple[float, ...]": lambda: String(256)}
-_KEY_COLUMNS = [  # one column per ProblemKey field (factors as comma-separated text)
-    Column(name, _COLUMN_TYPES[kind](), nullable=False) for name, kind in KEY_FIELD_TYPES.items()
-]
+
+
+def _key_columns() -> list[Column]:
+    """One column per ProblemKey field (factors as comma-separated text)."""
+    return [Column(name, _COLUMN_TYPES[kind](), nullable=False) for name, kind in KEY_FIELD_TYPES.items()]
+
+
+_KEY_COLUMNS = _key_columns()
 _PROVENANCE_COLUMNS = [
     Column(name, Boolean if name == "interpreter" else String(256), nullable=False)
     for name in Provenance.__dataclass_fields__
@@ -74,8 +81,26 @@ entries_table = Table(
     Column("seed", Integer, nullable=False),
     *_PROVENANCE_COLUMNS,
 )
+failures_table = Table(
+    "superlinear_ops_failures",
+    metadata,
+    Column("key_text", String(512), primary_key=True),
+    Column("variant", String(64), primary_key=True),
+    Column("config", String(512), primary_key=True),
+    Column("kernel_hash", String(256), primary_key=True),
+    Column("triton_version", String(64), primary_key=True),
+    *_key_columns(),
+    Column("category", String(32), nullable=False),
+    Column("message", Text, nullable=False),
+    Column("package_version", String(64), nullable=False),
+    Column("host", String(256), nullable=False),
+    Column("created_at", String(64), nullable=False),
+)
+_FAILURE_KEY = ("key_text", "variant", "config", "kernel_hash", "triton_version")
 # MIGRATIONS[v] upgrades a store at schema version v to v + 1, inside the writer's transaction.
-MIGRATIONS: dict[int, Callable[[Connection], None]] = {}
+MIGRATIONS: dict[int, Callable[[Connection], None]] = {
+    1: lambda conn: failures_table.create(conn),
+}
 
 
 class StoreError(RuntimeError):
@@ -128,15 +153,32 @@ def _row(entry: TunedEntry) -> dict:
     return row
 
 
-def _entry(row) -> TunedEntry:
-    m = row._mapping
+def _key_of_row(m) -> ProblemKey:
     key = {c.name: m[c.name] for c in _KEY_COLUMNS}
     key["factors"] = tuple(float(f) for f in key["factors"].split(",") if f)
     key["masked"] = bool(key["masked"])
+    return ProblemKey(**key)
+
+
+def _failure_row(record: FailureRecord) -> dict:
+    row = {"key_text": record.key_text, **dict(zip(ProblemKey._fields, _key_values(record.key)))}
+    row.update({name: getattr(record, name) for name in FailureRecord.__dataclass_fields__ if name not in ("key", "config")})
+    row["config"] = json.dumps(dict(record.config), sort_keys=True)
+    return row
+
+
+def _failure(row) -> FailureRecord:
+    m = row._mapping
+    values = {name: m[name] for name in FailureRecord.__dataclass_fields__ if name not in ("key", "config")}
+    return FailureRecord(key=_key_of_row(m), config=KernelConfig(json.loads(m["config"])), **values)
+
+
+def _entry(row) -> TunedEntry:
+    m = row._mapping
     provenance = {c.name: m[c.name] for c in _PROVENANCE_COLUMNS}
     provenance["interpreter"] = bool(provenance["interpreter"])
     return TunedEntry(
-        key=ProblemKey(**key),
+        key=_key_of_row(m),
         variant=m["variant"],
         config=KernelConfig(json.loads(m["config"])),
         median_ms=m["median_ms"],
@@ -177,6 +219,7 @@ class Store:
         self.url = url
         self.writable = writable
         self._engine = engine
+        self._has_failures = True  # False for an older store opened read-only (no failures table yet)
 
     @classmethod
     def reader(cls, location: str | os.PathLike | None = None) -> "Store":
@@ -268,6 +311,10 @@ class Store:
                 for step in range(version, SCHEMA_VERSION):
                     MIGRATIONS[step](conn)
                 conn.execute(schema_table.update().values(version=SCHEMA_VERSION))
+                return
+            self._has_failures = failures_table.name in tables
+            if version == SCHEMA_VERSION and not self._has_failures:
+                raise StoreError(f"store {self.url} lacks its {failures_table.name} table")
 
     def get(self, key_text: str) -> TunedEntry | None:
         """The entry stored under ``key_text``, if any."""
@@ -343,3 +390,39 @@ class Store:
             return 0
         with self._transaction(write=True) as conn:
             return conn.execute(delete(entries_table).where(entries_table.c.key_text.in_(keys))).rowcount
+
+    def put_failure(self, record: FailureRecord) -> None:
+        """Record a failed candidate (replacing an earlier record of the same candidate and code)."""
+        if not self.writable:
+            raise StoreError(f"store {self.url} was opened read-only")
+        row = _failure_row(record)
+        with self._transaction(write=True) as conn:
+            dialect = conn.dialect.name
+            if dialect in ("sqlite", "postgresql"):
+                insert = (sqlite if dialect == "sqlite" else postgresql).insert(failures_table).values(**row)
+                updates = {name: insert.excluded[name] for name in row if name not in _FAILURE_KEY}
+                conn.execute(insert.on_conflict_do_update(index_elements=list(_FAILURE_KEY), set_=updates))
+                return
+            conn.execute(delete(failures_table).where(*(failures_table.c[name] == row[name] for name in _FAILURE_KEY)))
+            conn.execute(failures_table.insert().values(**row))
+
+    def failures(self, key_text: str | None = None) -> list[FailureRecord]:
+        """The recorded failures (of ``key_text`` only, when given), by key, variant and configuration."""
+        if not self._has_failures:
+            return []
+        query = select(failures_table).order_by(*(failures_table.c[name] for name in _FAILURE_KEY))
+        if key_text is not None:
+            query = query.where(failures_table.c.key_text == key_text)
+        with self._transaction(write=False) as conn:
+            return [_failure(r) for r in conn.execute(query).all()]
+
+    def delete_failures(self, records: Iterable[FailureRecord]) -> int:
+        """Remove these failure records (so the candidates are tried again); returns how many went."""
+        if not self.writable:
+            raise StoreError(f"store {self.url} was opened read-only")
+        removed = 0
+        with self._transaction(write=True) as conn:
+            for row in map(_failure_row, records):
+                removed += conn.execute(
+                    delete(failures_table).where(*(failures_table.c[name] == row[name] for name in _FAILURE_KEY))).rowcount
+        return removed

@@ -34,10 +34,11 @@ class BenchRow:
     tuned_ms: float
     tuned_choice: str
     tuned_source: str
-    sdpa_ms: float
-    sdpa_kind: str
+    sdpa_ms: float  # the fastest backend's
+    sdpa_kind: str  # what was timed, and the fastest backend's name
     lower_bound_ms: float
     lower_bound_basis: str
+    sdpa_by_backend: dict  # every backend's ms, or why it did not run
 
     @property
     def speedup(self) -> float:
@@ -92,28 +93,97 @@ def traffic(case: Case) -> tuple[float, float]:
     return bytes_, flops
 
 
-def sdpa_time(bench: ProblemBench) -> tuple[float, str]:
-    """Dense scaled_dot_product_attention on the same inputs."""
+DENSE_BACKENDS = ("CUDNN_ATTENTION", "FLASH_ATTENTION", "EFFICIENT_ATTENTION")  # SDPBackend names, fastest first on an H200
+
+
+@dataclass(frozen=True)
+class DenseTimes:
+    """Dense ``scaled_dot_product_attention`` on a problem's inputs under each backend forced: the
+    milliseconds of those that ran and the reason of those that did not, and the fastest."""
+
+    kind: str  # what was timed, e.g. 'causal forward + backward'
+    by_backend: dict[str, float | str]
+
+    @property
+    def fastest(self) -> tuple[str, float]:
+        """(backend name, ms) of the fastest backend that ran; ('none', nan) when none did."""
+        ran = {name: ms for name, ms in self.by_backend.items() if isinstance(ms, float)}
+        if not ran:
+            return "none", math.nan
+        name = min(ran, key=ran.get)
+        return name, ran[name]
+
+
+def _forced(backend: str, call):
+    """``call`` run under one SDPA backend only."""
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    def run():
+        with sdpa_kernel(getattr(SDPBackend, backend)):
+            return call()
+
+    return run
+
+
+def time_backends(make_call, device: torch.device, graph: bool, backends=DENSE_BACKENDS) -> dict[str, float | str]:
+    """{backend: ms or 'unavailable: why'}; ``make_call(expand)`` builds the call, with K/V repeated
+    to every query head when ``expand`` (backends without grouped-query support take that form)."""
+    times: dict[str, float | str] = {}
+    for backend in backends:
+        for expand in (False, True):
+            name = f"{backend} (K/V expanded to every query head)" if expand else backend
+            try:
+                times[name] = measure(_forced(backend, make_call(expand)), device, graph=graph)
+                break
+            except RuntimeError as err:
+                times[name] = f"unavailable: {str(err).strip().splitlines()[0][:160]}"
+    return times
+
+
+def grouped_heads(x, expand: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    """(K, V) of inputs ``x``, repeated to every query head when ``expand``."""
+    rep = x.q.shape[1] // x.k.shape[1]
+    return (x.k.repeat_interleave(rep, dim=1), x.v.repeat_interleave(rep, dim=1)) if expand else (x.k, x.v)
+
+
+def dense_times(bench: ProblemBench) -> DenseTimes:
+    """Dense SDPA on the same inputs under each of ``DENSE_BACKENDS`` forced (decode: the mean over the
+    fills the case is timed at; the span backward: causal forward + backward)."""
     p, x = bench.problem, bench.inputs
-    if p.op == STAGED_DECODE:  # the mean over the fills the case is timed at
-        times = []
-        for fill in bench.case.fills:
-            k, v = x.k[:, :, : fill or p.keys], x.v[:, :, : fill or p.keys]
-            times.append(measure(lambda k=k, v=v: F.scaled_dot_product_attention(x.q, k, v, enable_gqa=True),
-                                 bench.device, graph=True))
-        return statistics.fmean(times), "decode over the filled prefix"
+    if p.op == STAGED_DECODE:
+        fills = [fill or p.keys for fill in bench.case.fills]
+
+        def decode_call(expand, fill):
+            k, v = (t[:, :, :fill] for t in grouped_heads(x, expand))
+            return lambda: F.scaled_dot_product_attention(x.q, k, v, enable_gqa=not expand)
+
+        per_fill = [time_backends(lambda e, f=f: decode_call(e, f), bench.device, graph=True) for f in fills]
+        merged = {name: (statistics.fmean(t[name] for t in per_fill)
+                         if all(isinstance(t.get(name), float) for t in per_fill) else per_fill[0][name])
+                  for name in per_fill[0]}
+        return DenseTimes("decode over the filled prefix", merged)
     if p.op == SPAN_BACKWARD:
-        q, k, v = (t.detach().clone().requires_grad_() for t in (x.q, x.k, x.v))
         grad = torch.randn_like(x.q)
 
-        def fwd_bwd():
-            F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True).backward(grad)
+        def training_call(expand):
+            q, k, v = (t.detach().clone().requires_grad_() for t in (x.q, *grouped_heads(x, expand)))
+            return lambda: F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=not expand).backward(grad)
 
-        return measure(fwd_bwd, bench.device), "causal forward + backward"
+        return DenseTimes("causal forward + backward", time_backends(training_call, bench.device, graph=False))
     causal = p.queries == p.keys
-    return measure(lambda: F.scaled_dot_product_attention(x.q, x.k, x.v, is_causal=causal, enable_gqa=True), bench.device), (
-        "causal" if causal else "no causal mask"
-    )
+
+    def forward_call(expand):
+        k, v = grouped_heads(x, expand)
+        return lambda: F.scaled_dot_product_attention(x.q, k, v, is_causal=causal, enable_gqa=not expand)
+
+    return DenseTimes("causal" if causal else "no causal mask", time_backends(forward_call, bench.device, graph=False))
+
+
+def sdpa_time(bench: ProblemBench) -> tuple[float, str]:
+    """(ms, what) of the fastest dense SDPA backend on the same inputs (``dense_times``)."""
+    dense = dense_times(bench)
+    name, ms = dense.fastest
+    return ms, f"{dense.kind}, {name}"
 
 
 def bench_case(case: Case, device: torch.device, seed: int = 0) -> BenchRow:
@@ -123,13 +193,14 @@ def bench_case(case: Case, device: torch.device, seed: int = 0) -> BenchRow:
     choice = dispatch.select(case.problem)
     bench.check(choice.variant, choice.config)
     tuned_ms = bench.time_ms(choice.variant, choice.config)
-    sdpa_ms, sdpa_kind = sdpa_time(bench)
+    dense = dense_times(bench)
+    backend, sdpa_ms = dense.fastest
     bound, basis = lower_bound(case)
     config = choice.config
     return BenchRow(
         case.label, case.problem.op, default_ms, tuned_ms,
         f"{choice.variant.name} {config.text()}", choice.source,
-        sdpa_ms, sdpa_kind, bound, basis,
+        sdpa_ms, f"{dense.kind}, {backend}", bound, basis, dense.by_backend,
     )
 
 
@@ -194,25 +265,41 @@ def side_by_side(bench: ProblemBench, *candidates: tuple) -> list[float]:
     return [statistics.median(samples) for samples in times]
 
 
-def verify(workload_path: str, device: torch.device, threshold: float,
-           only: str | None = None) -> list[tuple[str, float, float, str]]:
-    """Re-measure each problem's cached winner against the default; rows of (label, default, tuned, verdict)."""
+@dataclass(frozen=True)
+class VerifyRow:
+    """One problem's verdict: the default and the cached winner side by side, and dense SDPA."""
+
+    label: str
+    default_ms: float
+    tuned_ms: float
+    verdict: str  # 'ok', 'no tuned entry' or 'FAIL: why'
+    dense: DenseTimes | None = None
+
+    @property
+    def failed(self) -> bool:
+        """True when the winner failed its check or is slower than the default."""
+        return self.verdict.startswith("FAIL")
+
+
+def verify(workload_path: str, device: torch.device, threshold: float, only: str | None = None) -> list[VerifyRow]:
+    """Re-measure each problem's cached winner against the default, with dense SDPA under each backend."""
     workload = load(workload_path)
     rows = []
     for case in unique_cases(workload.cases(device_identity(device), only)):
         explanation = dispatch.explain(case.problem)
         choice = explanation.choice
         if choice is None or choice.source == dispatch.HEURISTIC:
-            rows.append((case.label, math.nan, math.nan, "no tuned entry"))
+            rows.append(VerifyRow(case.label, math.nan, math.nan, "no tuned entry"))
             continue
         bench = ProblemBench(case, device, seed=0)
         try:
             bench.check(choice.variant, choice.config)
         except CandidateFailed as err:
-            rows.append((case.label, math.nan, math.nan, f"FAIL: {err}"))
+            rows.append(VerifyRow(case.label, math.nan, math.nan, f"FAIL: {err}"))
             continue
         default_ms, tuned_ms = side_by_side(bench, (bench.default_variant, bench.default_config),
                                             (choice.variant, choice.config))
         slower = tuned_ms > default_ms * (1.0 + threshold)
-        rows.append((case.label, default_ms, tuned_ms, "FAIL: slower than the default" if slower else "ok"))
+        rows.append(VerifyRow(case.label, default_ms, tuned_ms, "FAIL: slower than the default" if slower else "ok",
+                              dense_times(bench)))
     return rows

@@ -12,11 +12,12 @@ from .search import SAMPLERS, SearchSettings
 def tune_command(args: argparse.Namespace) -> int:
     """Run the tuner over a workload and print one row per problem."""
     device = select_device(args.device)
-    settings = SearchSettings(trials=args.trials, timeout_s=args.timeout, sampler=args.sampler, seed=args.seed)
+    settings = SearchSettings(trials=args.trials, timeout_s=args.timeout, sampler=args.sampler, seed=args.seed,
+                              candidate_timeout_s=args.candidate_timeout)
     if args.worker_only:
         from .tune import work
 
-        work(args.workload, settings=settings, storage=args.storage, device=device, only=args.problems)
+        work(args.workload, settings=settings, storage=args.storage, device=device, cache=args.cache, only=args.problems)
         return 0
     from .tune import tune
 
@@ -36,10 +37,11 @@ def verify_command(args: argparse.Namespace) -> int:
     if args.cache:
         use_cache(args.cache)
     rows = verify(args.workload, select_device(args.device), args.threshold, args.problems)
-    print(f"{'problem':<38}{'default ms':>12}{'tuned ms':>12}  verdict")
-    for label, default_ms, tuned_ms, verdict in rows:
-        print(f"{label:<38}{default_ms:>12.4f}{tuned_ms:>12.4f}  {verdict}")
-    failed = any(v.startswith("FAIL") for *_, v in rows) or (args.require_all and any(v == "no tuned entry" for *_, v in rows))
+    print(f"{'problem':<38}{'default ms':>12}{'tuned ms':>12}{'dense ms':>12}  verdict (fastest dense backend)")
+    for r in rows:
+        backend, dense_ms = r.dense.fastest if r.dense else ("-", math.nan)
+        print(f"{r.label:<38}{r.default_ms:>12.4f}{r.tuned_ms:>12.4f}{dense_ms:>12.4f}  {r.verdict} ({backend})")
+    failed = any(r.failed for r in rows) or (args.require_all and any(r.verdict == "no tuned entry" for r in rows))
     return 1 if failed else 0
 
 
@@ -51,10 +53,11 @@ def bench_command(args: argparse.Namespace) -> int:
     if args.cache:
         use_cache(args.cache)
     rows = run_bench(args.workload, select_device(args.device), args.output, args.plot, args.problems)
-    print(f"{'problem':<38}{'default':>10}{'tuned':>10}{'speedup':>9}{'SDPA':>10}{'bound':>10}  tuned choice (source)")
+    print(f"{'problem':<38}{'default':>10}{'tuned':>10}{'speedup':>9}{'SDPA':>10}{'bound':>10}  tuned choice (source); fastest SDPA")
     for r in rows:
         bound = "-" if math.isnan(r.lower_bound_ms) else f"{r.lower_bound_ms:.4f}"
-        print(f"{r.label:<38}{r.default_ms:>10.4f}{r.tuned_ms:>10.4f}{r.speedup:>8.2f}x{r.sdpa_ms:>10.4f}{bound:>10}  {r.tuned_choice} ({r.tuned_source})")
+        print(f"{r.label:<38}{r.default_ms:>10.4f}{r.tuned_ms:>10.4f}{r.speedup:>8.2f}x{r.sdpa_ms:>10.4f}{bound:>10}  "
+              f"{r.tuned_choice} ({r.tuned_source}); {r.sdpa_kind}")
     print(f"wrote {args.output}" + (f" and {args.plot}" if args.plot else ""))
     return 0
 
@@ -69,15 +72,18 @@ def _workload_arguments(parser: argparse.ArgumentParser, cache_help: str) -> Non
 
 
 def add_commands(commands) -> None:
-    """Register ``tune``, ``verify`` and ``bench`` on the CLI's subparsers."""
+    """Register ``tune``, ``verify``, ``bench`` and ``sanitize`` on the CLI's subparsers."""
     tune = commands.add_parser(
         "tune", help="search the best variant and configuration for every problem of a workload",
         description="Tune a workload file (see tuning/). Each problem gets an Optuna study named by its key; "
-        "every candidate is checked against the reference before its time counts; winners go to the cache.",
+        "every candidate is built, checked against the reference and timed in a worker process (a crash or hang fails "
+        "only that trial); failures and winners go to the cache.",
     )
     _workload_arguments(tune, "where winners go: SQLite file or URL (default: the user's store)")
     tune.add_argument("--trials", type=int, default=24, help="finished trials per problem (default 24; 0: until exhausted)")
     tune.add_argument("--timeout", type=float, default=None, help="seconds per problem (default: none)")
+    tune.add_argument("--candidate-timeout", type=float, default=300.0, metavar="SECONDS",
+                      help="seconds one candidate may take to build, check and time before its worker is killed (default 300)")
     tune.add_argument("--sampler", choices=SAMPLERS, default="tpe", help="default: tpe")
     tune.add_argument("--seed", type=int, default=0, help="sampler and input seed (default 0)")
     tune.add_argument("--storage", default=None, help="Optuna storage: URL, SQLite file or .log journal (default: user cache)")
@@ -89,7 +95,8 @@ def add_commands(commands) -> None:
     verify = commands.add_parser(
         "verify", help="re-measure cached winners against the default; fail when one is slower",
         description="For every problem of a workload, check and time the dispatcher's cached choice beside "
-        "the heuristic default; exit 1 when a winner is slower than the default by more than --threshold.",
+        "the heuristic default, with dense SDPA under each backend that runs here (named); exit 1 when a winner is slower "
+        "than the default by more than --threshold.",
     )
     _workload_arguments(verify, "explicit cache to verify (SQLite, YAML or URL)")
     verify.add_argument("--threshold", type=float, default=0.05, help="allowed slowdown (default 0.05 = 5%%)")
@@ -99,9 +106,14 @@ def add_commands(commands) -> None:
     bench = commands.add_parser(
         "bench", help="time default, tuned, dense SDPA and the lower bound per problem",
         description="Side by side in one run, per problem of a workload: the heuristic default, the tuned choice, "
-        "dense scaled_dot_product_attention and the lower bound (bytes over bandwidth, FLOPs over the tensor rate).",
+        "dense scaled_dot_product_attention under each backend that runs here (cuDNN, flash, memory-efficient: by name, the "
+        "fastest compared) and the lower bound (bytes over bandwidth, FLOPs over the tensor rate).",
     )
     _workload_arguments(bench, "explicit cache (SQLite, YAML or URL)")
     bench.add_argument("--output", "-o", default="bench.json", help="JSON file to write (default bench.json)")
     bench.add_argument("--plot", default=None, help="PNG file to write (needs matplotlib)")
     bench.set_defaults(handler=bench_command)
+
+    from .sanitize import add_command as add_sanitize_command
+
+    add_sanitize_command(commands)

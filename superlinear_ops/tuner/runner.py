@@ -1,10 +1,13 @@
 """Running one candidate (variant + configuration) on one problem: inputs, correctness, timing.
 
-Every candidate is checked before its time counts:
+Every candidate is checked before its time counts, each run on NaN-prefilled outputs (``nan_fill``)
+and ``CHECK_RUNS`` times (some faults show only after several launches):
 1. against the float64 PyTorch reference on check-size inputs (the problem's own head layout,
-   dtype, span slots, mask and window, with Lq and Lkv capped so the dense reference fits);
-2. on the real-size inputs for NaN and against the first candidate that passed step 1 (the
-   heuristic default, which every search measures first).
+   dtype, span slots, mask and window, with Lq and Lkv capped so the dense reference fits); a
+   backward candidate's gradients (dQ, dK, dV) are its outputs;
+2. on the real-size inputs for NaN and against the baseline: the first candidate that passed step 1
+   (the heuristic default, which every search measures first), or the one ``set_baseline`` names.
+After timing, ``check(..., runs=1)`` runs once more (a candidate must still be right after many launches).
 Timing: GPU medians from ``triton.testing.do_bench`` (which flushes L2 between repetitions), decode
 timed by replaying a CUDA graph; under the CPU interpreter, the median of a few wall-clock runs. A
 case timed on several inputs (a static cache's fills, a masked context's mask kinds) takes the mean.
@@ -24,6 +27,8 @@ from ..kernels.launch import KernelConfig, LaunchGeometry
 from ..layer.attention import attention_layer
 from ..problem import ATTENTION_LAYER, SPAN_BACKWARD, STAGED_DECODE, Problem
 from ..registry import REGISTRY, Variant
+from .faults import WRONG_NUMBERS, classify, is_sticky
+from .nan_fill import nan_prefilled
 from .workload import Case
 
 CHECK_QUERIES = 64
@@ -32,10 +37,17 @@ TOLERANCE = {"float32": 1e-4, "float16": 1e-2, "bfloat16": 4e-2}  # max |error| 
 # Two correct searches that sum fp32 products in other orders may break a near-tie differently: at
 # real size the whole layer may differ from the first checked candidate in this fraction of rows.
 NEAR_TIE_ROWS = 1e-4
+CHECK_RUNS = 2  # NaN-prefilled runs per check input before a candidate's time counts
 
 
 class CandidateFailed(Exception):
-    """A candidate could not run, or computed wrong numbers; the message says which and why."""
+    """A candidate could not run, or computed wrong numbers: ``category`` (``faults.CATEGORIES``) says
+    which, the message why; ``sticky`` when the error left the CUDA context unusable."""
+
+    def __init__(self, message: str, category: str = WRONG_NUMBERS, sticky: bool = False) -> None:
+        super().__init__(message)
+        self.category = category
+        self.sticky = sticky
 
 
 @dataclass
@@ -210,7 +222,30 @@ def _guard(fn, what: str):
     except CandidateFailed:
         raise
     except Exception as err:  # compile errors, launch failures, out of memory: the candidate fails
-        raise CandidateFailed(f"{what}: {err.__class__.__name__}: {str(err)[:300]}") from err
+        raise CandidateFailed(f"{what}: {err.__class__.__name__}: {str(err)[:300]}", classify(err), is_sticky(err)) from err
+
+
+def context_usable(device: torch.device) -> bool:
+    """False when the device's CUDA context no longer works (a sticky error from an earlier launch)."""
+    if device.type != "cuda":
+        return True
+    try:
+        torch.cuda.synchronize(device)
+        torch.cuda.empty_cache()
+        return True
+    except Exception:
+        return False
+
+
+def _prefilled_run(variant: Variant, config: KernelConfig, problem: Problem, x: Inputs, what: str) -> tuple[torch.Tensor, ...]:
+    """``run`` with NaN-prefilled allocations, its failures as CandidateFailed."""
+    def call():
+        with nan_prefilled():
+            outputs = run(variant, config, problem, x)
+        if x.k.is_cuda:
+            torch.cuda.synchronize(x.k.device)  # an asynchronous fault shows here, as this candidate's
+        return outputs
+    return _guard(call, what)
 
 
 class ProblemBench:
@@ -238,29 +273,45 @@ class ProblemBench:
         self.default_config = self.default_variant.default(self.problem)
         self._baseline: tuple[torch.Tensor, ...] | None = None
 
-    def check(self, variant: Variant, config: KernelConfig) -> float:
-        """The candidate's error against the reference; raises CandidateFailed when it is wrong."""
+    def check(self, variant: Variant, config: KernelConfig, runs: int = CHECK_RUNS) -> float:
+        """The candidate's error against the reference over ``runs`` rounds of every check (check
+        size, then real size); raises CandidateFailed when it is wrong."""
+        error = 0.0
+        for _ in range(runs):
+            error = max(error, self._check_size(variant, config))
+            if self.problem.keys > self.check_problem.keys or self.problem.queries > self.check_problem.queries:
+                self._real_size(variant, config)
+        return error
+
+    def set_baseline(self, variant: Variant, config: KernelConfig) -> None:
+        """Make ``variant``/``config`` (a candidate that passed before) the real-size baseline."""
+        self._baseline = None
+        if self.problem.keys > self.check_problem.keys or self.problem.queries > self.check_problem.queries:
+            self._real_size(variant, config)
+
+    def _check_size(self, variant: Variant, config: KernelConfig) -> float:
         error = 0.0
         for x, expected in self.checks:
-            got = _guard(lambda x=x: run(variant, config, self.check_problem, x), "check-size run failed")
+            got = _prefilled_run(variant, config, self.check_problem, x, "check-size run failed")
             error = max(error, relative_error(got, expected))
         if not error <= tolerance(self.problem):
             raise CandidateFailed(f"wrong result: relative error {error:.3g} > {tolerance(self.problem):.3g} against the float64 reference")
-        if self.problem.keys > self.check_problem.keys or self.problem.queries > self.check_problem.queries:
-            full = _guard(lambda: run(variant, config, self.problem, self.inputs), "real-size run failed")
-            if any(torch.isnan(t).any() for t in full):
-                raise CandidateFailed("NaN in the real-size result")
-            if self._baseline is None:  # the first candidate that passed the reference check (the default)
-                self._baseline = full
-            if self.problem.op == ATTENTION_LAYER:  # fp32 near-ties may pick other anchors in a few rows
-                off = rows_off(full[0], self._baseline[0], 2 * tolerance(self.problem))
-                if not off <= NEAR_TIE_ROWS:
-                    raise CandidateFailed(f"wrong result at real size: {off:.3%} of the rows differ from the first checked candidate")
-                return error
-            full_error = relative_error(full, self._baseline)
-            if not full_error <= 2 * tolerance(self.problem):
-                raise CandidateFailed(f"wrong result at real size: relative error {full_error:.3g} against the first checked candidate")
         return error
+
+    def _real_size(self, variant: Variant, config: KernelConfig) -> None:
+        full = _prefilled_run(variant, config, self.problem, self.inputs, "real-size run failed")
+        if any(torch.isnan(t).any() for t in full):
+            raise CandidateFailed("NaN in the real-size result")
+        if self._baseline is None:  # the first candidate that passed the reference check (the default)
+            self._baseline = full
+        if self.problem.op == ATTENTION_LAYER:  # fp32 near-ties may pick other anchors in a few rows
+            off = rows_off(full[0], self._baseline[0], 2 * tolerance(self.problem))
+            if not off <= NEAR_TIE_ROWS:
+                raise CandidateFailed(f"wrong result at real size: {off:.3%} of the rows differ from the first checked candidate")
+            return
+        full_error = relative_error(full, self._baseline)
+        if not full_error <= 2 * tolerance(self.problem):
+            raise CandidateFailed(f"wrong result at real size: relative error {full_error:.3g} against the first checked candidate")
 
     def time_ms(self, variant: Variant, config: KernelConfig) -> float:
         """Median time of one call in milliseconds (the mean over the case's fills and mask kinds)."""

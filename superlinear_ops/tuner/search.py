@@ -1,6 +1,8 @@
 """The Optuna search for one problem: a conditional space (variant, then its parameters) taken from
-the registry, uncompilable configurations pruned before launch, every candidate checked, the
-heuristic default always measured, no configuration benchmarked twice, resumable studies."""
+the registry, uncompilable configurations pruned before launch, every candidate checked and timed
+by an ``evaluate`` callable (a worker process: ``worker.CandidateWorker``), the heuristic default
+always measured, no configuration benchmarked twice, known failures not retried, resumable studies.
+A failed trial carries user attributes ``failure`` (the message) and ``failure_category``."""
 
 from __future__ import annotations
 
@@ -19,7 +21,8 @@ from ..buckets import ProblemKey
 from ..kernels.launch import KernelConfig
 from ..problem import Problem
 from ..registry import REGISTRY, Variant
-from .runner import CandidateFailed, ProblemBench
+from .faults import Failure, Outcome
+from .runner import CandidateFailed
 
 log = logging.getLogger(__name__)
 SAMPLERS = ("tpe", "random", "exhaustive")
@@ -35,8 +38,11 @@ class SearchSettings:
     timeout_s: float | None = None
     sampler: str = "tpe"
     seed: int = 0
+    candidate_timeout_s: float = 300.0  # per candidate (check + time) in the worker; past it the worker is killed
 
     def __post_init__(self) -> None:
+        if not self.candidate_timeout_s > 0:
+            raise ValueError(f"candidate_timeout_s must be > 0, got {self.candidate_timeout_s!r}")
         if self.sampler not in SAMPLERS:
             raise ValueError(f"sampler must be one of {SAMPLERS}, got {self.sampler!r}")
         if self.trials is not None and self.trials < 1:
@@ -122,18 +128,44 @@ def _same_params(study: optuna.Study, params: dict, number: int) -> optuna.trial
     return None
 
 
+def baseline_candidate(study: optuna.Study, problem: Problem) -> tuple[str, KernelConfig] | None:
+    """The candidate a resumed study's real-size results compare against: the default when it
+    completed, else the first completed trial's (None in a fresh study)."""
+    complete = [t for t in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,)) if "duplicate_of" not in t.user_attrs]
+    default_variant = REGISTRY.fallback(problem)
+    default = params_of(default_variant, default_variant.default(problem))
+    chosen = next((t for t in complete if t.params == default), complete[0] if complete else None)
+    return None if chosen is None else candidate_of(chosen.params)
+
+
+def _fail(trial: optuna.Trial, failure: Failure, known: bool = False) -> None:
+    """Record ``failure`` on the trial and fail it."""
+    trial.set_user_attr("failure", failure.message)
+    trial.set_user_attr("failure_category", failure.category)
+    if known:
+        trial.set_user_attr("known_failure", True)
+    raise CandidateFailed(failure.message, failure.category)
+
+
 def run_search(
     study: optuna.Study,
-    bench: ProblemBench,
+    problem: Problem,
+    evaluate: Callable[[str, KernelConfig], Outcome],
     settings: SearchSettings,
+    known: dict[tuple[str, str], Failure] | None = None,
+    on_failure: Callable[[str, KernelConfig, Failure], None] | None = None,
     on_trial: Callable[[optuna.trial.FrozenTrial], None] | None = None,
 ) -> None:
-    """Run (or resume) the search of one problem until it has ``settings.trials`` finished trials."""
-    problem = bench.problem
+    """Run (or resume) the search of one problem until it has ``settings.trials`` finished trials.
+
+    ``known`` failures (by variant and configuration text) are recorded failed without running;
+    ``on_failure`` hears of every new failure.
+    """
     variants = {v.name: v for v in tunable_variants(problem)}
     if not variants:
         return
-    default = params_of(bench.default_variant, bench.default_config)
+    default_variant = REGISTRY.fallback(problem)
+    default = params_of(default_variant, default_variant.default(problem))
     if not any(t.system_attrs.get("fixed_params", t.params) == default and INTERRUPTED not in t.user_attrs
                for t in study.get_trials(deepcopy=False)):
         study.enqueue_trial(default)
@@ -152,17 +184,19 @@ def run_search(
             if earlier.state == TrialState.COMPLETE:
                 return earlier.value
             raise optuna.TrialPruned(f"same configuration as trial {earlier.number}")
+        if (name, config.text()) in (known or {}):
+            _fail(trial, known[(name, config.text())], known=True)
         try:
-            error = bench.check(variant, config)
-            milliseconds = bench.time_ms(variant, config)
-        except CandidateFailed as err:
-            trial.set_user_attr("failure", str(err))
-            raise
+            outcome = evaluate(name, config)
         except KeyboardInterrupt:
             trial.set_user_attr(INTERRUPTED, True)  # Optuna records it FAIL: this marks it as no result
             raise
-        trial.set_user_attr("max_error", error)
-        return milliseconds
+        if outcome.failure is not None:
+            if on_failure is not None:
+                on_failure(name, config, outcome.failure)
+            _fail(trial, outcome.failure)
+        trial.set_user_attr("max_error", outcome.max_error)
+        return outcome.milliseconds
 
     callbacks = []
     if settings.trials is not None:

@@ -6,6 +6,11 @@ file ending in .log/.journal), so an interrupted run resumes where it stopped an
 created once before workers start; first-time storage creation is serialised (a lock file beside a
 SQLite file, retries for database URLs), so runs started at once never race on Optuna's schema.
 
+Candidates run in a worker process (``worker.CandidateWorker``: one per tune process, so one per
+GPU with ``--workers``); this process only drives Optuna. Every failure is recorded in the study
+and in the store (``--cache``), and a candidate the store says failed (same variant code, same
+Triton) is recorded failed again without running.
+
 Ctrl-C stops a run cleanly: the trial it interrupts is marked ``interrupted`` (no result; it runs
 again on resume), the winners found so far are stored, and a one-line message replaces the
 traceback (exit status 130).
@@ -22,7 +27,7 @@ import pathlib
 import subprocess
 import sys
 import time
-import warnings
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import optuna
@@ -40,10 +45,11 @@ from ..cache.store import Store, sqlite_path
 from ..kernels.launch import KernelConfig
 from ..problem import device_identity
 from ..registry import REGISTRY
-from .runner import ProblemBench
+from .known_failures import FailureLog
 from .search import (
     INTERRUPTED,
     SearchSettings,
+    baseline_candidate,
     candidate_of,
     finished_trials,
     open_study,
@@ -51,6 +57,7 @@ from .search import (
     run_search,
     tunable_variants,
 )
+from .worker import CandidateWorker
 from .workload import Case, load
 
 log = logging.getLogger(__name__)
@@ -63,7 +70,6 @@ def default_storage() -> str:
     return f"sqlite:///{path}"
 
 
-CUBLAS_CONTEXT_WARNING = "Attempting to run cuBLAS, but there was no current CUDA context"
 SCHEMA_RACE_RETRIES = 8
 
 
@@ -106,17 +112,6 @@ def open_storage(location: str | None):
     if location.endswith((".log", ".journal")):
         return optuna.storages.JournalStorage(optuna.storages.journal.JournalFileBackend(location))
     return _rdb_storage(f"sqlite:///{pathlib.Path(location).resolve()}")
-
-
-@contextlib.contextmanager
-def _on_device(device: torch.device):
-    """Make ``device`` current for this process's threads and silence PyTorch's benign warning that
-    a helper thread (autograd's, for the timed backward) had no current CUDA context yet."""
-    if device.type == "cuda":
-        torch.cuda.set_device(device.index if device.index is not None else torch.cuda.current_device())
-    with warnings.catch_warnings():
-        warnings.filterwarnings("ignore", message=CUBLAS_CONTEXT_WARNING)
-        yield
 
 
 class _InterruptRecords(logging.Filter):
@@ -230,11 +225,16 @@ def tune(
     workers: int = 1,
     progress: bool = True,
     only: str | None = None,
+    worker_setup: Callable[[], None] | None = None,
 ) -> list[Result]:
     """Tune every problem of the workload (or those whose label matches ``only``); one result per key.
 
-    On Ctrl-C it stores the winners found so far and raises ``SystemExit(130)`` after a one-line message.
+    ``worker_setup`` (a picklable callable, e.g. one that registers extra variants) runs first in
+    every worker process; with ``workers > 1`` it must be None. On Ctrl-C it stores the winners
+    found so far and raises ``SystemExit(130)`` after a one-line message.
     """
+    if workers > 1 and worker_setup is not None:
+        raise ValueError("worker_setup must be None when workers > 1 (worker tune processes start from the command line)")
     workload = load(workload_path)
     identity = device_identity(device)
     cases = [c for c in unique_cases(workload.cases(identity, only)) if tunable_variants(c.problem)]
@@ -246,22 +246,35 @@ def tune(
     interrupted = False
     try:
         if workers > 1:
-            _run_workers(workers, workload_path, settings, storage or default_storage(), only)
+            _run_workers(workers, workload_path, settings, storage or default_storage(), cache, only)
         else:
             total = sum((settings.trials or 0) for _ in cases) or None
-            with tqdm(total=total, desc=f"tuning {workload.name}", unit="trial", disable=not progress) as bar, \
-                    _on_device(device), _quiet_interrupts():
-                for case, study in zip(cases, studies):
-                    bar.set_postfix_str(case.label)
-                    bench = ProblemBench(case, device, seed=settings.seed)
-                    bar.update(len(finished_trials(study)))
-                    run_search(study, bench, settings, on_trial=lambda _t: bar.update(1))
+            with tqdm(total=total, desc=f"tuning {workload.name}", unit="trial", disable=not progress) as bar:
+                _search_cases(cases, studies, settings, device, cache, worker_setup, bar)
     except KeyboardInterrupt:
         interrupted = True
     results = _store_winners(cases, studies, settings, cache, identity)
     if interrupted:
         raise _interrupted(f"stored the winners of {sum(r.variant != '-' for r in results)} of {len(results)} problems")
     return results
+
+
+def _search_cases(cases: list[Case], studies: list[optuna.Study], settings: SearchSettings, device: torch.device,
+                  cache: str | None, setup: Callable[[], None] | None, bar: tqdm | None = None) -> None:
+    """Run every case's search with one worker process (respawned after crashes and timeouts);
+    failures go to the store ``cache``, and the ones it already holds are not retried."""
+    with Store.writer(cache) as store, CandidateWorker(device, settings.seed, settings.candidate_timeout_s, setup) as worker, \
+            _quiet_interrupts():
+        failures = FailureLog(store)
+        for case, study in zip(cases, studies):
+            key = key_of(case.problem)
+            if bar is not None:
+                bar.set_postfix_str(case.label)
+                bar.update(len(finished_trials(study)))
+            worker.prepare(case, baseline_candidate(study, case.problem))
+            run_search(study, case.problem, worker.evaluate, settings, known=failures.known(key),
+                       on_failure=lambda name, config, failure, key=key: failures.record(key, name, config, failure),
+                       on_trial=None if bar is None else lambda _t: bar.update(1))
 
 
 def _store_winners(cases: list[Case], studies: list[optuna.Study], settings: SearchSettings, cache: str | None,
@@ -286,7 +299,8 @@ def _store_winners(cases: list[Case], studies: list[optuna.Study], settings: Sea
     return results
 
 
-def _run_workers(workers: int, workload_path: str, settings: SearchSettings, storage: str, only: str | None) -> None:
+def _run_workers(workers: int, workload_path: str, settings: SearchSettings, storage: str, cache: str | None,
+                 only: str | None) -> None:
     """Start ``workers`` local tune processes on the shared storage (one GPU each when there are GPUs)."""
     gpus = torch.cuda.device_count()
     processes = []
@@ -297,8 +311,10 @@ def _run_workers(workers: int, workload_path: str, settings: SearchSettings, sto
         command = [
             sys.executable, "-m", "superlinear_ops.cli", "tune", workload_path, "--worker-only",
             "--storage", storage, "--sampler", settings.sampler, "--seed", str(settings.seed + index),
-            "--no-progress",
+            "--no-progress", "--candidate-timeout", str(settings.candidate_timeout_s),
         ]
+        if cache is not None:
+            command += ["--cache", cache]
         if settings.trials is not None:
             command += ["--trials", str(settings.trials)]
         if settings.timeout_s is not None:
@@ -317,18 +333,16 @@ def _run_workers(workers: int, workload_path: str, settings: SearchSettings, sto
 
 
 def work(workload_path: str, *, settings: SearchSettings, storage: str, device: torch.device,
-         only: str | None = None) -> None:
-    """A worker: run trials on every study of the workload (studies must exist); on Ctrl-C it marks
-    the running trial interrupted and raises ``SystemExit(130)`` after a one-line message."""
+         cache: str | None = None, only: str | None = None) -> None:
+    """A worker tune process: run trials on every study of the workload (studies must exist),
+    failures to ``cache``; on Ctrl-C it marks the running trial interrupted and raises
+    ``SystemExit(130)`` after a one-line message."""
     workload = load(workload_path)
     identity = device_identity(device)
     study_storage = open_storage(storage)
+    cases = [c for c in unique_cases(workload.cases(identity, only)) if tunable_variants(c.problem)]
     try:
-        with _on_device(device), _quiet_interrupts():
-            for case in unique_cases(workload.cases(identity, only)):
-                if not tunable_variants(case.problem):
-                    continue
-                study = open_study(study_storage, key_of(case.problem), settings)
-                run_search(study, ProblemBench(case, device, seed=settings.seed), settings)
+        studies = [open_study(study_storage, key_of(c.problem), settings) for c in cases]
+        _search_cases(cases, studies, settings, device, cache, None)
     except KeyboardInterrupt:
         raise _interrupted("this worker stopped") from None

@@ -1,0 +1,206 @@
+"""``sanitize``: a memory-check sweep of the declared spaces.
+
+For every problem of a workload, at a small shape of the same layout (problems that differ only in
+their lengths share one), every applicable variant runs a covering set of its declared space
+(``covering_configs``) under ``compute-sanitizer`` (memcheck by default; racecheck on request),
+each configuration checked against the float64 reference too. The sweep runs in child processes,
+one per layout; a configuration that crashes its child is reported and the child is restarted
+after it, so one fault never hides the others. Without compute-sanitizer (a CPU machine) the same
+sweep runs without it, as a dry run of the configurations' correctness.
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import logging
+import re
+import shutil
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, replace
+
+import torch
+
+from ..devices import select_device
+from ..kernels.launch import KernelConfig
+from ..problem import STAGED_DECODE, device_identity
+from ..registry import REGISTRY, Variant
+from .runner import ProblemBench
+from .tune import unique_cases
+from .workload import Case, load
+
+log = logging.getLogger(__name__)
+
+SMALL_QUERIES, SMALL_KEYS = 128, 512  # the sweep's shape: every tile kind still has several blocks
+REPEATS = 2  # runs per configuration (some illegal accesses show only after several launches)
+ITEM, DONE = "@@sanitize-item", "@@sanitize-done"
+SANITIZER_LINE = re.compile(r"^={9} (?!ERROR SUMMARY)(.*)")
+
+
+def covering_configs(variant: Variant, default: KernelConfig) -> list[KernelConfig]:
+    """``default``, every value of every tunable with the others at their defaults, and every pair of
+    a pipeline depth (``*stages``) and a key-tile width (``*block_n`` / ``*block_k``) of one kernel part."""
+    configs = {default}
+    for param in variant.space:
+        configs.update(default.replace(**{param.name: value}) for value in param.values)
+    values = {p.name: p.values for p in variant.space}
+    for stages in (name for name in values if name.endswith("stages")):
+        part = stages.removesuffix("stages")
+        for width in (f"{part}block_n", f"{part}block_k", "block_k" if part == "num_" else None):
+            if width in values:
+                for s, w in itertools.product(values[stages], values[width]):
+                    configs.add(default.replace(**{stages: s, width: w}))
+    return sorted(configs, key=lambda c: c.text())
+
+
+def small_case(case: Case) -> Case:
+    """``case`` at the sweep's shape, its layout unchanged: past twice the window (so that queries
+    have spans), a training step still one query per key, decode one query."""
+    p = case.problem
+    keys = min(p.keys, max(SMALL_KEYS, 2 * p.window + SMALL_KEYS))
+    queries = 1 if p.op == STAGED_DECODE else keys if p.queries == p.keys else min(p.queries, SMALL_QUERIES)
+    fill = min(case.cache_fill, keys // 2) if case.cache_fill else None
+    return replace(case, problem=p._replace(queries=queries, keys=keys), cache_fill=fill)
+
+
+def layouts(workload_path: str, identity, only: str | None) -> list[Case]:
+    """One small case per distinct layout of the workload's problems."""
+    return unique_cases([small_case(c) for c in load(workload_path).cases(identity, only)])
+
+
+def items(case: Case) -> list[tuple[Variant, KernelConfig]]:
+    """(variant, configuration) pairs the sweep runs for ``case``: each applicable variant's covering
+    set, less what its static check rules out on this GPU."""
+    out = []
+    for variant in REGISTRY.variants(case.problem.op):
+        if variant.not_supported_reasons(case.problem):
+            continue
+        for config in covering_configs(variant, variant.default(case.problem)):
+            if variant.compile_check(case.problem, config) is None:
+                out.append((variant, config))
+    return out
+
+
+def run_child(workload_path: str, label: str, start: int, device: torch.device) -> int:
+    """The child's job: run the items of the layout ``label`` from ``start`` on, one marker line each."""
+    case = next(c for c in layouts(workload_path, device_identity(device), None) if c.label == label)
+    bench = ProblemBench(case, device, seed=0)
+    for index, (variant, config) in list(enumerate(items(case)))[start:]:
+        print(f"{ITEM} {index} {variant.qualified_name} {config.text()}", flush=True)
+        try:
+            for _ in range(REPEATS):
+                bench.check(variant, config)  # synchronises on a GPU: a fault is this configuration's
+            verdict = "ok"
+        except Exception as error:  # reported per configuration; the sweep goes on
+            verdict = f"{type(error).__name__}: {str(error).strip().splitlines()[0][:200] if str(error).strip() else ''}"
+        print(f"{DONE} {index} {verdict}", flush=True)
+    return 0
+
+
+@dataclass
+class SweepRow:
+    """One configuration's result: sanitizer errors and the check's verdict."""
+
+    layout: str
+    variant: str
+    config: str
+    verdict: str = "not run"
+    errors: list[str] | None = None
+
+    @property
+    def clean(self) -> bool:
+        """No sanitizer error and a correct result."""
+        return not self.errors and self.verdict == "ok"
+
+
+def _child_command(sanitizer: str | None, tool: str, workload_path: str, label: str, start: int, device: str) -> list[str]:
+    child = [sys.executable, "-m", "superlinear_ops.tuner.sanitize", workload_path, "--child", label,
+             "--start", str(start), "--device", device]
+    return child if sanitizer is None else [sanitizer, "--tool", tool, "--print-limit", "20", *child]
+
+
+def sweep_layout(case: Case, workload_path: str, tool: str, device: str, sanitizer: str | None) -> list[SweepRow]:
+    """Every item of one layout, restarting the child after an item that ended it."""
+    rows = [SweepRow(case.label, v.qualified_name, c.text()) for v, c in items(case)]
+    start = 0
+    while start < len(rows):
+        result = subprocess.run(_child_command(sanitizer, tool, workload_path, case.label, start, device),
+                                capture_output=True, text=True, check=False)
+        current, last = None, start - 1
+        for line in result.stdout.splitlines():
+            if line.startswith(ITEM):
+                current = int(line.split()[1])
+                rows[current].errors = []
+            elif line.startswith(DONE):
+                index, verdict = line.split(" ", 2)[1:] if line.count(" ") >= 2 else (line.split()[1], "")
+                rows[int(index)].verdict, last = verdict, int(index)
+            elif current is not None and (match := SANITIZER_LINE.match(line)) and match.group(1).strip():
+                rows[current].errors.append(match.group(1).strip())
+        if last == len(rows) - 1:
+            break
+        crashed = current if current is not None and current > last else last + 1
+        if crashed < len(rows):
+            tail = (result.stderr.strip().splitlines() or ["no output"])[-1][:200]
+            rows[crashed].verdict = f"the child ended here (exit {result.returncode}): {tail}"
+        start = crashed + 1
+    return rows
+
+
+def sanitize(workload_path: str, device: str, tool: str = "memcheck", only: str | None = None) -> list[SweepRow]:
+    """The sweep over every layout of the workload (see the module docstring)."""
+    sanitizer = shutil.which("compute-sanitizer") if device == "cuda" else None
+    if sanitizer is None:
+        log.warning("compute-sanitizer not used (%s): a dry run of the configurations' correctness only",
+                    "no GPU" if device != "cuda" else "not on PATH")
+    rows = []
+    for case in layouts(workload_path, device_identity(torch.device(device)), only):
+        start = time.time()
+        found = sweep_layout(case, workload_path, tool, device, sanitizer)
+        log.info("%s: %d configurations, %d with errors (%.0f s)", case.label, len(found),
+                 sum(not r.clean for r in found), time.time() - start)
+        rows.extend(found)
+    return rows
+
+
+def sanitize_command(args: argparse.Namespace) -> int:
+    """Run the sweep and print one line per configuration with errors; exit 1 when there is one."""
+    device = select_device(args.device).type
+    rows = sanitize(args.workload, device, args.tool, args.problems)
+    bad = [r for r in rows if not r.clean]
+    for r in bad:
+        print(f"{r.layout} | {r.variant} {r.config}: {r.verdict}; {len(r.errors or [])} sanitizer lines"
+              + (f" (first: {r.errors[0]})" if r.errors else ""))
+    print(f"{len(rows)} configurations over {len({r.layout for r in rows})} layouts, {len(bad)} with errors"
+          f" ({args.tool if device == 'cuda' else 'dry run, no sanitizer'})")
+    return 1 if bad else 0
+
+
+def add_command(commands) -> None:
+    """Register ``sanitize`` on the CLI's subcommands."""
+    parser = commands.add_parser(
+        "sanitize", help="memory-check sweep of every variant's declared space (compute-sanitizer)",
+        description="Run a covering set of every applicable variant's declared space (every value of each "
+        "tunable, and every pair of pipeline depth and key-tile width) for each layout of a workload's "
+        "problems at a small shape, under compute-sanitizer, and report the configurations with errors.")
+    parser.add_argument("workload", help="workload YAML file, e.g. tuning/superlinear-exp-v0.1.yaml")
+    parser.add_argument("--tool", choices=("memcheck", "racecheck"), default="memcheck", help="default: memcheck")
+    parser.add_argument("--problems", metavar="REGEX", help="only the problems whose label matches")
+    parser.add_argument("--device", choices=("cuda", "cpu"), help="default: cuda when available")
+    parser.set_defaults(handler=sanitize_command)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """The child process's entry point (``python -m superlinear_ops.tuner.sanitize``)."""
+    parser = argparse.ArgumentParser(description="one layout of a sanitize sweep (run by `superlinear-ops sanitize`)")
+    parser.add_argument("workload")
+    parser.add_argument("--child", required=True, help="the layout's label")
+    parser.add_argument("--start", type=int, default=0)
+    parser.add_argument("--device", default="cuda")
+    args = parser.parse_args(argv)
+    return run_child(args.workload, args.child, args.start, torch.device(args.device))
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,87 @@
+"""The memory-check sweep (``superlinear-ops sanitize``): its covering set of each declared space,
+its layouts, and a dry run on this CPU machine (no compute-sanitizer: correctness only)."""
+
+from __future__ import annotations
+
+import pathlib
+import sys
+
+import torch
+
+from superlinear_ops.kernels.launch import KernelConfig
+from superlinear_ops.problem import DeviceIdentity, device_identity
+from superlinear_ops.registry import REGISTRY
+from superlinear_ops.tuner import sanitize as sweep
+from superlinear_ops.tuner.sanitize import covering_configs, items, layouts, sanitize
+
+ROOT = pathlib.Path(__file__).resolve().parent.parent
+H200 = DeviceIdentity("NVIDIA H200", "sm_90", 132)
+
+
+def test_covering_set_has_every_value_and_every_pipeline_depth_with_every_tile_width() -> None:
+    variant = REGISTRY.get("span_backward", "tc_tiles")
+    case = layouts(str(ROOT / "tuning" / "superlinear-exp-v0.1.yaml"), H200, "training 4096 backward")[0]
+    default = variant.default(case.problem)
+    configs = covering_configs(variant, default)
+    assert default in configs and len(configs) == len(set(configs))
+    for param in variant.space:
+        assert {c[param.name] for c in configs} == set(param.values), param.name
+    for part in ("window", "span"):
+        space = {p.name: p.values for p in variant.space}
+        pairs = {(c[f"{part}_stages"], c[f"{part}_block_n"]) for c in configs}
+        assert pairs == {(s, n) for s in space[f"{part}_stages"] for n in space[f"{part}_block_n"]}, part
+    # Configurations the static check rules out on this GPU are left out of the sweep, the rest kept.
+    swept = [c for v, c in items(case) if v is variant]
+    assert 0 < len(swept) <= len(configs)
+    assert all(variant.compile_check(case.problem, c) is None for c in swept)
+
+
+def test_layouts_keep_spans_and_share_one_shape_per_layout() -> None:
+    """Small shapes past twice the window (queries have spans), one per problem key: the decode
+    contexts of one layout collapse, training stays one query per key."""
+    found = layouts(str(ROOT / "tuning" / "superlinear-exp-v0.1.yaml"), H200, None)
+    assert len({c.label for c in found}) == len(found)
+    for case in found:
+        p = case.problem
+        assert p.keys > 2 * p.window, case.label
+        if case.label.startswith("training"):
+            assert p.queries == p.keys, case.label
+    assert sum(c.label.startswith("decode 1048576") for c in found) == 0  # the same layout as a shorter context
+
+
+def test_dry_run_on_cpu_reports_every_configuration_of_the_swept_layouts(capsys) -> None:
+    from superlinear_ops.cli import main
+
+    assert main(["sanitize", str(ROOT / "tuning" / "quick.yaml"), "--problems", "layer", "--device", "cpu"]) == 0
+    assert "over 1 layouts, 0 with errors (dry run, no sanitizer)" in capsys.readouterr().out
+    rows = sanitize(str(ROOT / "tuning" / "quick.yaml"), "cpu", only="layer")
+    case = layouts(str(ROOT / "tuning" / "quick.yaml"), device_identity(torch.device("cpu")), "layer")[0]
+    assert [(r.variant, r.config) for r in rows] == [(v.qualified_name, c.text()) for v, c in items(case)]
+    assert len(rows) > 1 and all(r.clean for r in rows), [r for r in rows if not r.clean]
+
+
+# A stand-in child: item 1 ends the process the way an illegal access does, item 3 prints sanitizer
+# errors, the rest pass; it starts where it is told to.
+FAKE_CHILD = f"""
+import os, sys
+start = int(sys.argv[1])
+for i in range(start, 5):
+    print("{sweep.ITEM}", i, "v", "c", flush=True)
+    if i == 1:
+        os._exit(139)
+    if i == 3:
+        print("========= Invalid __global__ read of size 16 bytes", flush=True)
+        print("=========     at kernel+0x10", flush=True)
+    print("{sweep.DONE}", i, "ok", flush=True)
+print("========= ERROR SUMMARY: 1 error")
+"""
+
+
+def test_a_child_that_dies_is_restarted_after_the_configuration_that_ended_it(monkeypatch) -> None:
+    case = layouts(str(ROOT / "tuning" / "quick.yaml"), device_identity(torch.device("cpu")), "layer")[0]
+    monkeypatch.setattr(sweep, "items", lambda case: [(REGISTRY.variants(case.problem.op)[0], KernelConfig())] * 5)
+    monkeypatch.setattr(sweep, "_child_command", lambda *a: [sys.executable, "-c", FAKE_CHILD, str(a[4])])
+    rows = sweep.sweep_layout(case, "w.yaml", "memcheck", "cpu", "compute-sanitizer")
+    assert [r.clean for r in rows] == [True, False, True, False, True]
+    assert rows[1].verdict.startswith("the child ended here (exit 139)")
+    assert rows[3].errors == ["Invalid __global__ read of size 16 bytes", "at kernel+0x10"] and rows[3].verdict == "ok"
