@@ -11,6 +11,7 @@ from .devices import select_device
 
 DTYPES = ("float32", "bfloat16", "float16")
 OPS = ("span_forward", "span_backward", "staged_decode", "attention_layer")  # problem.OPS, without importing torch
+ARCHS = ("sm_80", "sm_86", "sm_89", "sm_90", "sm_100", "sm_120")  # arch_check.ARCH_LIMITS
 
 
 def _demo(args: argparse.Namespace) -> int:
@@ -44,7 +45,7 @@ def _variants(args: argparse.Namespace) -> int:
 
 def _problem_from_args(args: argparse.Namespace):
     from . import geometry
-    from .problem import Problem, device_identity
+    from .problem import Problem
 
     search_power = None if args.inv_search_power_int is not None else args.search_power
     params = geometry.power_params(search_power=search_power, inv_search_power_int=args.inv_search_power_int)
@@ -54,22 +55,74 @@ def _problem_from_args(args: argparse.Namespace):
         op=args.op, dtype=args.dtype, head_dim=args.head_dim, q_heads=args.q_heads, kv_heads=args.kv_heads,
         spans=args.spans, queries=1 if args.op == "staged_decode" else args.queries, keys=args.keys,
         batch=args.batch, masked=args.mask, sw_index=args.sw_index, power=params.label,
-        device=device_identity(select_device(args.device)), factors=factors,
+        device=_device(args), factors=factors,
     )
+
+
+def _device(args: argparse.Namespace):
+    """The problem's device: the local one, or with ``--arch`` a GPU of that architecture (nothing runs)."""
+    from .problem import DeviceIdentity, device_identity
+
+    if getattr(args, "arch", None):
+        return DeviceIdentity(f"a GPU of {args.arch}", args.arch, 1)
+    return device_identity(select_device(args.device))
+
+
+def _arch_lines(explanation, problem) -> list[str]:
+    """The per-architecture section of ``explain``: what cannot run on the problem's GPU, and the choice."""
+    from .arch_check import summary
+    from .registry import REGISTRY
+
+    if not problem.device.is_gpu:
+        return []
+    lines = [f"configurations that cannot run on {problem.device.arch}:"]
+    for name, reasons in explanation.variants:
+        variant = REGISTRY.get(problem.op, name)
+        if not reasons and variant.space:
+            found = summary(variant, problem)
+            lines.extend([f"  {name}: {found[0]}", *(f"    {line.strip()}" for line in found[1:])] if found else [f"  {name}: none"])
+    if explanation.choice is not None:
+        c = explanation.choice
+        reason = c.variant.compile_check(problem, c.config)
+        lines.append(f"choice on {problem.device.arch}: {'cannot run: ' + reason if reason else 'fits'}")
+    return lines
 
 
 def _explain(args: argparse.Namespace) -> int:
     from .dispatch import explain
 
     if args.workload is None:
-        print(explain(_problem_from_args(args)).text())
+        problem = _problem_from_args(args)
+        explanation = explain(problem)
+        print("\n".join([explanation.text(), *_arch_lines(explanation, problem)]))
         return 0
-    from .problem import device_identity
     from .tuner.workload import load
 
-    for case in load(args.workload).cases(device_identity(select_device(args.device))):
+    for case in load(args.workload).cases(_device(args)):
+        explanation = explain(case.problem)
         print(f"== {case.label}")
-        print(explain(case.problem).text())
+        print("\n".join([explanation.text(), *_arch_lines(explanation, case.problem)]))
+    return 0
+
+
+def _archcheck(args: argparse.Namespace) -> int:
+    import json
+
+    from .arch_check import ARCH_LIMITS, shipped_table
+    from .arch_compile import COVERED, generate, report, write
+
+    reuse = None
+    if args.reuse:
+        with open(args.reuse, encoding="utf-8") as f:
+            reuse = json.load(f)
+    if args.show:
+        table = shipped_table()
+    else:
+        table = generate(archs=args.arch or tuple(ARCH_LIMITS), variants=args.variant or tuple(COVERED),
+                         sample=args.sample, workers=args.workers, reuse=reuse)
+    if args.out:
+        write(table, args.out)
+    print("\n".join(report(table)))
     return 0
 
 
@@ -130,7 +183,25 @@ def build_parser() -> argparse.ArgumentParser:
     )
     _add_problem_arguments(explain)
     explain.add_argument("--workload", default=None, help="explain every problem of this workload file instead")
+    explain.add_argument("--arch", choices=ARCHS, default=None,
+                         help="explain for a GPU of this architecture instead of the local device (checks only)")
     explain.set_defaults(handler=_explain)
+
+    archcheck = commands.add_parser(
+        "archcheck", help="compile the tensor-core kernels for each GPU architecture and say which configurations cannot run",
+        description="Compile every declared tile configuration of the covered variants (span_forward/tc_tiles, "
+        "span_backward/tc_tiles; bf16/fp16, head dims 65 to 128) ahead of time for sm_80, sm_86, sm_89, sm_90, sm_100 "
+        "and sm_120 (no GPU needed), record shared memory, registers, spills and tensor memory, and report the "
+        "configurations over each arch's limits. --out writes the table the package ships (superlinear_ops/arch_table.json).",
+    )
+    archcheck.add_argument("--out", default=None, help="write the table (JSON) here")
+    archcheck.add_argument("--arch", action="append", choices=ARCHS, help="only this arch (repeatable; default: all six)")
+    archcheck.add_argument("--variant", action="append", default=None, help="only this op/variant (repeatable)")
+    archcheck.add_argument("--sample", type=int, default=None, help="only N tile configurations per kernel part, smallest to largest")
+    archcheck.add_argument("--workers", type=int, default=None, help="compiler processes (default: one per CPU)")
+    archcheck.add_argument("--reuse", default=None, help="keep this earlier table's entries whose code hash still matches")
+    archcheck.add_argument("--show", action="store_true", help="report the shipped table instead of compiling")
+    archcheck.set_defaults(handler=_archcheck)
 
     from .cache.commands import add_commands as add_cache_commands
     from .tuner.commands import add_commands as add_tuner_commands

@@ -7,7 +7,9 @@ A variant declares (see ``variants.py``, where all declarations live):
   ``constraints`` between them; a configuration is a ``KernelConfig`` of exactly those names;
 - ``reasons(problem)``: why it does not apply to a problem (empty: it applies);
 - ``compile_check(problem, config)``: why a configuration cannot build or launch well on the
-  problem's device (shared memory or register estimate), before anything is launched;
+  problem's device (shared memory or register estimate, and for the variants ``arch_check``
+  covers, the resources of the kernels compiled ahead of time for that architecture), before
+  anything is launched; ``unrunnable(problem)`` lists every such configuration with its reason;
 - ``default(problem)``: the heuristic configuration used when nothing tuned is known;
 - ``priority``: lower is preferred when the dispatcher falls back to defaults;
 - ``baseline``: kept for comparison and as a fallback where faster variants do not apply; the
@@ -66,6 +68,11 @@ class Variant:
         if problem.op != self.op:
             return [f"{self.qualified_name} serves op {self.op}, not {problem.op}"]
         return list(self.reasons(problem))
+
+    def unrunnable(self, problem: Problem) -> list[tuple[KernelConfig, str]]:
+        """Every declared configuration that cannot build or run on ``problem``'s GPU, with the compile
+        check's reason (per architecture: the compiled table of ``arch_check`` where it covers the variant)."""
+        return [(config, reason) for config in self.configs() if (reason := self.compile_check(problem, config)) is not None]
 
     def configs(self) -> Iterator[KernelConfig]:
         """Every configuration of the declared space that meets the declared constraints."""

@@ -19,6 +19,7 @@ from functools import partial
 import torch
 
 from . import geometry
+from .arch_check import compiled_part_reason, with_compiled
 from .buckets import next_power_of_two
 from .decode.grouped import grouped_decode
 from .decode.settings import DecodeSettings
@@ -250,7 +251,7 @@ def tc_forward_default(problem: Problem) -> KernelConfig:
     shrunk until they fit the GPU (``fitted``)."""
     from .kernels.span_tc_forward import tc_forward_default as tiles  # imports Triton on first use only
 
-    return fitted(KernelConfig(tiles(problem.head_dim, problem.torch_dtype)), FORWARD_TILES, problem)
+    return fitted(KernelConfig(tiles(problem.head_dim, problem.torch_dtype)), FORWARD_TILES, problem, f"{SPAN_FORWARD}/tc_tiles")
 
 
 def tc_backward_default(problem: Problem) -> KernelConfig:
@@ -258,14 +259,14 @@ def tc_backward_default(problem: Problem) -> KernelConfig:
     warps/2 stages, spans 128/64/8/2), shrunk until they fit (``fitted``)."""
     from .kernels.span_tc_backward import SPAN_TC_BACKWARD_DEFAULTS  # imports Triton on first use only
 
-    return fitted(KernelConfig(SPAN_TC_BACKWARD_DEFAULTS), BACKWARD_TILES, problem)
+    return fitted(KernelConfig(SPAN_TC_BACKWARD_DEFAULTS), BACKWARD_TILES, problem, f"{SPAN_BACKWARD}/tc_tiles")
 
 
-def fitted(config: KernelConfig, tiles: dict, problem: Problem) -> KernelConfig:
+def fitted(config: KernelConfig, tiles: dict, problem: Problem, variant: str = "") -> KernelConfig:
     """``config`` with each tensor-core kernel part shrunk (fewer stages, then narrower key tiles,
-    then fewer rows) until ``tile_check`` accepts it."""
+    then fewer rows) until ``tile_check`` and the compiled table for ``variant`` on the GPU's arch accept it."""
     for part in tiles:
-        while tile_check({part: tiles[part]}, problem, config) is not None:
+        while tile_check({part: tiles[part]}, problem, config) is not None or compiled_part_reason(variant, part, problem, config):
             for name, floor in (("stages", 2), ("block_n", 32), ("block_m", 64)):
                 if config[f"{part}_{name}"] > floor:
                     value = config[f"{part}_{name}"]
@@ -365,7 +366,7 @@ def position_clamped(launch):
 REGISTRY.register(Variant(
     op=SPAN_FORWARD, name="tc_tiles", launch=tc_forward, space=TC_SPACE,
     reasons=partial(tc_reasons, FORWARD_TILES, tc_forward_default),
-    compile_check=partial(tile_check, FORWARD_TILES), default=tc_forward_default,
+    compile_check=partial(with_compiled, partial(tile_check, FORWARD_TILES), f"{SPAN_FORWARD}/tc_tiles"), default=tc_forward_default,
     priority=0,  # 40x to 60x faster than per_query_span at every model-M prefill and training shape on the H200
     description="tensor cores: sliding-window flash attention once per query, spans in tiles of sorted (query, span) "
     "pairs sharing key blocks, merged by log-sum-exp",
@@ -384,7 +385,7 @@ REGISTRY.register(Variant(
 REGISTRY.register(Variant(
     op=SPAN_BACKWARD, name="tc_tiles", launch=tc_backward, space=TC_BACKWARD_SPACE,
     reasons=partial(tc_reasons, BACKWARD_TILES, tc_backward_default),
-    compile_check=partial(tile_check, BACKWARD_TILES), default=tc_backward_default,
+    compile_check=partial(with_compiled, partial(tile_check, BACKWARD_TILES), f"{SPAN_BACKWARD}/tc_tiles"), default=tc_backward_default,
     priority=0,  # 79x faster than fused_split at training 4K on the H200 (scripts/training_compare.py)
     description="tensor cores: the window part once per query (sliding-window flash backward, dK/dV in registers), "
     "spans in tiles of sorted (query, span) pairs with one dK/dV add per tile and key block",

@@ -55,6 +55,16 @@ def test_static_check_rejects_configurations_that_cannot_build() -> None:
     assert forward.compile_check(p._replace(device=CPU_INTERPRETER), KernelConfig(block_k=256, num_warps=1, num_stages=1)) is None
 
 
+def test_unrunnable_lists_the_configurations_an_arch_cannot_run_with_their_reasons() -> None:
+    forward = REGISTRY.get("span_forward", "per_query_span")
+    l4 = problem(device=GPUS[2], dtype="float32", head_dim=256)
+    bad = forward.unrunnable(l4)
+    assert bad and all(forward.compile_check(l4, c) == reason for c, reason in bad)
+    assert {c for c, _ in bad} == {c for c in forward.configs() if forward.compile_check(l4, c) is not None}
+    assert any("on sm_89" in reason for _, reason in bad)
+    assert forward.unrunnable(l4._replace(device=CPU_INTERPRETER)) == []
+
+
 def test_reasons_are_given_whenever_a_variant_does_not_apply() -> None:
     triton = [v for op in OPS for v in REGISTRY.variants(op) if v.space]
     for p in sample_problems():

@@ -54,7 +54,7 @@ def test_dry_run_on_cpu_reports_every_configuration_of_the_swept_layouts(capsys)
 
     assert main(["sanitize", str(ROOT / "tuning" / "quick.yaml"), "--problems", "layer", "--device", "cpu"]) == 0
     assert "over 1 layouts, 0 with errors (dry run, no sanitizer)" in capsys.readouterr().out
-    rows = sanitize(str(ROOT / "tuning" / "quick.yaml"), "cpu", only="layer")
+    rows = sanitize(str(ROOT / "tuning" / "quick.yaml"), "cpu", only="layer", progress_bar=False)
     case = layouts(str(ROOT / "tuning" / "quick.yaml"), device_identity(torch.device("cpu")), "layer")[0]
     assert [(r.variant, r.config) for r in rows] == [(v.qualified_name, c.text()) for v, c in items(case)]
     assert len(rows) > 1 and all(r.clean for r in rows), [r for r in rows if not r.clean]
@@ -81,7 +81,7 @@ def test_a_child_that_dies_is_restarted_after_the_configuration_that_ended_it(mo
     case = layouts(str(ROOT / "tuning" / "quick.yaml"), device_identity(torch.device("cpu")), "layer")[0]
     monkeypatch.setattr(sweep, "items", lambda case: [(REGISTRY.variants(case.problem.op)[0], KernelConfig())] * 5)
     monkeypatch.setattr(sweep, "_child_command", lambda *a: [sys.executable, "-c", FAKE_CHILD, str(a[4])])
-    rows = sweep.sweep_layout(case, "w.yaml", "memcheck", "cpu", "compute-sanitizer")
+    rows = sweep.sweep_layout(case, "w.yaml", "memcheck", "cpu", "compute-sanitizer", progress_bar=False)
     assert [r.clean for r in rows] == [True, False, True, False, True]
     assert rows[1].verdict.startswith("the child ended here (exit 139)")
     assert rows[3].errors == ["Invalid __global__ read of size 16 bytes", "at kernel+0x10"] and rows[3].verdict == "ok"

@@ -22,6 +22,7 @@ import time
 from dataclasses import dataclass, replace
 
 import torch
+from tqdm import tqdm
 
 from ..devices import select_device
 from ..kernels.launch import KernelConfig
@@ -121,34 +122,49 @@ def _child_command(sanitizer: str | None, tool: str, workload_path: str, label: 
     return child if sanitizer is None else [sanitizer, "--tool", tool, "--print-limit", "20", *child]
 
 
-def sweep_layout(case: Case, workload_path: str, tool: str, device: str, sanitizer: str | None) -> list[SweepRow]:
-    """Every item of one layout, restarting the child after an item that ended it."""
-    rows = [SweepRow(case.label, v.qualified_name, c.text()) for v, c in items(case)]
-    start = 0
-    while start < len(rows):
-        result = subprocess.run(_child_command(sanitizer, tool, workload_path, case.label, start, device),
-                                capture_output=True, text=True, check=False)
-        current, last = None, start - 1
-        for line in result.stdout.splitlines():
+def _read_child(command: list[str], rows: list[SweepRow], progress) -> tuple[int | None, int, int, str]:
+    """Run one child, filling ``rows`` as its lines arrive; (last item started, last item done,
+    exit status, the last line it wrote to stderr)."""
+    current, last = None, -1
+    with subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) as child:
+        for line in child.stdout:
             if line.startswith(ITEM):
                 current = int(line.split()[1])
                 rows[current].errors = []
             elif line.startswith(DONE):
-                index, verdict = line.split(" ", 2)[1:] if line.count(" ") >= 2 else (line.split()[1], "")
-                rows[int(index)].verdict, last = verdict, int(index)
+                _, index, *verdict = line.rstrip("\n").split(" ", 2)
+                rows[int(index)].verdict, last = (verdict or [""])[0], int(index)
+                progress.update(1)
+                if not rows[last].clean:
+                    progress.write(f"{rows[last].layout} | {rows[last].variant} {rows[last].config}: {rows[last].verdict}")
             elif current is not None and (match := SANITIZER_LINE.match(line)) and match.group(1).strip():
                 rows[current].errors.append(match.group(1).strip())
-        if last == len(rows) - 1:
-            break
-        crashed = current if current is not None and current > last else last + 1
-        if crashed < len(rows):
-            tail = (result.stderr.strip().splitlines() or ["no output"])[-1][:200]
-            rows[crashed].verdict = f"the child ended here (exit {result.returncode}): {tail}"
-        start = crashed + 1
+        stderr = child.stderr.read()
+    return current, last, child.returncode, (stderr.strip().splitlines() or ["no output"])[-1][:200]
+
+
+def sweep_layout(case: Case, workload_path: str, tool: str, device: str, sanitizer: str | None,
+                 progress_bar: bool = True) -> list[SweepRow]:
+    """Every item of one layout, restarting the child after an item that ended it."""
+    rows = [SweepRow(case.label, v.qualified_name, c.text()) for v, c in items(case)]
+    start = 0
+    with tqdm(total=len(rows), desc=case.label, unit="config", disable=not progress_bar) as progress:
+        while start < len(rows):
+            command = _child_command(sanitizer, tool, workload_path, case.label, start, device)
+            current, last, status, tail = _read_child(command, rows, progress)
+            if last == len(rows) - 1:
+                break
+            crashed = current if current is not None and current > last else last + 1
+            if crashed < len(rows):
+                rows[crashed].verdict = f"the child ended here (exit {status}): {tail}"
+                progress.update(1)
+                progress.write(f"{case.label} | {rows[crashed].variant} {rows[crashed].config}: {rows[crashed].verdict}")
+            start = crashed + 1
     return rows
 
 
-def sanitize(workload_path: str, device: str, tool: str = "memcheck", only: str | None = None) -> list[SweepRow]:
+def sanitize(workload_path: str, device: str, tool: str = "memcheck", only: str | None = None,
+             progress_bar: bool = True) -> list[SweepRow]:
     """The sweep over every layout of the workload (see the module docstring)."""
     sanitizer = shutil.which("compute-sanitizer") if device == "cuda" else None
     if sanitizer is None:
@@ -157,7 +173,7 @@ def sanitize(workload_path: str, device: str, tool: str = "memcheck", only: str 
     rows = []
     for case in layouts(workload_path, device_identity(torch.device(device)), only):
         start = time.time()
-        found = sweep_layout(case, workload_path, tool, device, sanitizer)
+        found = sweep_layout(case, workload_path, tool, device, sanitizer, progress_bar)
         log.info("%s: %d configurations, %d with errors (%.0f s)", case.label, len(found),
                  sum(not r.clean for r in found), time.time() - start)
         rows.extend(found)
@@ -167,7 +183,7 @@ def sanitize(workload_path: str, device: str, tool: str = "memcheck", only: str 
 def sanitize_command(args: argparse.Namespace) -> int:
     """Run the sweep and print one line per configuration with errors; exit 1 when there is one."""
     device = select_device(args.device).type
-    rows = sanitize(args.workload, device, args.tool, args.problems)
+    rows = sanitize(args.workload, device, args.tool, args.problems, not args.no_progress)
     bad = [r for r in rows if not r.clean]
     for r in bad:
         print(f"{r.layout} | {r.variant} {r.config}: {r.verdict}; {len(r.errors or [])} sanitizer lines"
@@ -188,6 +204,7 @@ def add_command(commands) -> None:
     parser.add_argument("--tool", choices=("memcheck", "racecheck"), default="memcheck", help="default: memcheck")
     parser.add_argument("--problems", metavar="REGEX", help="only the problems whose label matches")
     parser.add_argument("--device", choices=("cuda", "cpu"), help="default: cuda when available")
+    parser.add_argument("--no-progress", action="store_true", help="no progress bar (configurations with errors still print as found)")
     parser.set_defaults(handler=sanitize_command)
 
 
