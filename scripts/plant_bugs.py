@@ -99,7 +99,7 @@ PLANTS = {
     "layer gate-score kernel dQ1 scaled by 1.01": (LGK, "d_q1 += d_score[:, None] * keys.to(tl.float32)", "d_q1 += 1.01 * d_score[:, None] * keys.to(tl.float32)", LAYER),
     "layer gate scores (PyTorch path) scaled by 1/sqrt(D)": (LATT, "scores = (keys.to(cdt) * q1.to(cdt)[..., None, :]).sum(dim=-1)", "scores = (keys.to(cdt) * q1.to(cdt)[..., None, :]).sum(dim=-1) / q1.shape[-1] ** 0.5", LAYER),
     "layer gate scores (PyTorch path) dK lands on the next key": (LATT, "d_k.index_add_(0, rows.reshape(-1),", "d_k.index_add_(0, (rows.reshape(-1) + 1) % k_rows.shape[0],", LAYER),
-    "layer gate scores: empty slots pass a gradient": (LATT, "grad = torch.where(anchors >= 0, grad, torch.zeros_like(grad))", "grad = grad", LAYER),
+    "layer gate scores: empty slots pass a gradient": (LATT, "used = (anchors >= 0)[..., None]", "used = (anchors >= -1)[..., None]", LAYER),
     "layer gate kernel output scaled by 1.01": (LGK, "acc.to(Out_ptr.dtype.element_ty)", "(acc * 1.01).to(Out_ptr.dtype.element_ty)", LAYER),
     "layer span start uses t instead of t - s": (GEO, "back_len = span_length_table(backward_factor, span_power, key_length, qanchor.device)[distance]", "back_len = span_length_table(backward_factor, span_power, key_length, qanchor.device)[(distance + first_allowed[:, None]).clamp(max=key_length)]", LAYER),
     "layer span end ignores the forward factor": (LATT, "settings.forward_factor, settings.span_power,\n    )", "0.0, settings.span_power,\n    )", LAYER),

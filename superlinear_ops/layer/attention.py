@@ -78,14 +78,14 @@ def gate_scores_forward(q1: torch.Tensor, k: torch.Tensor, anchors: torch.Tensor
 def gate_scores_backward(q1: torch.Tensor, k: torch.Tensor, anchors: torch.Tensor, grad: torch.Tensor):
     """(dQ1, dK) of ``gate_scores_forward`` for ``grad`` [B, Hq, Lq, topk]: dQ1 = sum_j dv_j K[anchor_j]
     and dK[anchor_j] += dv_j Q1 (fp32 atomics or index_add: many slots share a row)."""
-    grad = torch.where(anchors >= 0, grad, torch.zeros_like(grad))  # an empty slot's score is a constant
     if _triton_serves(q1.device, q1.dtype):
         from .gate_kernel import gate_scores_backward as kernel
 
         return kernel(unit_stride(q1), unit_stride(k), anchors.contiguous(), grad.to(torch.float32).contiguous())
     k_rows, rows = _key_rows(k, anchors)
     used = (anchors >= 0)[..., None]
-    # An empty slot reads neither its stand-in key row nor Q1 (0 * NaN would still be NaN).
+    # An empty slot's score is a constant: it passes no gradient, and reads neither its stand-in key
+    # row nor Q1 (a zero gradient times a NaN there would still be NaN). The kernel masks the same.
     keys = k_rows.index_select(0, rows.reshape(-1)).view(*rows.shape, -1).to(grad.dtype)
     d_q1 = torch.where(used, grad[..., None] * keys, 0.0).sum(dim=-2).to(q1.dtype)
     d_k = torch.zeros(k_rows.shape, dtype=grad.dtype, device=k.device)
