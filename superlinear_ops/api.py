@@ -66,21 +66,16 @@ def search_settings(
     params = geometry.power_params(search_power=search_power, inv_search_power_int=inv_search_power_int)
     sw_index = geometry.check_non_negative_int("sw_index", sw_index)
     geometry.check_window_bound(sw_index, params)
-    # Under torch.compile the custom ops clamp topk themselves (DecodeSettings.for_keys): the exact
-    # stripe count is host geometry that dynamo cannot trace.
-    stripes = topk if torch.compiler.is_compiling() else _stripes(key_length, sw_index, params)
-    return DecodeSettings(
-        sw_index, min(topk, stripes),
+    settings = DecodeSettings(
+        sw_index, topk,
         geometry.check_factor("backward_factor", backward_factor, allow_zero=True),
         geometry.check_factor("forward_factor", forward_factor, allow_zero=True),
         geometry.check_span_power(span_power),
         params,
     )
-
-
-def _stripes(key_length: int, sw_index: int, params: geometry.PowerParams) -> int:
-    """The number of stripes of ``key_length`` keys: the most slots a search can fill."""
-    return geometry.stripe_count(key_length, sw_index, params) - sw_index
+    # Under torch.compile the custom ops clamp topk themselves (the same ``for_keys``): the exact
+    # stripe count is host geometry that dynamo cannot trace.
+    return settings if torch.compiler.is_compiling() else settings.for_keys(key_length)
 
 
 def _checked_block_k(block_k: int | None) -> int:
