@@ -52,8 +52,8 @@ def test_layouts_keep_spans_and_share_one_shape_per_layout() -> None:
 def test_dry_run_on_cpu_reports_every_configuration_of_the_swept_layouts(capsys) -> None:
     from superlinear_ops.cli import main
 
-    assert main(["sanitize", str(ROOT / "tuning" / "quick.yaml"), "--problems", "layer", "--device", "cpu"]) == 0
-    assert "over 1 layouts, 0 with errors (dry run, no sanitizer)" in capsys.readouterr().out
+    assert main(["sanitize", str(ROOT / "tuning" / "quick.yaml"), "--problems", "layer", "--device", "cpu", "--jobs", "2"]) == 0
+    assert "over 1 layouts, 0 with errors (dry run, no sanitizer, " in capsys.readouterr().out
     rows = sanitize(str(ROOT / "tuning" / "quick.yaml"), "cpu", only="layer", progress_bar=False)
     case = layouts(str(ROOT / "tuning" / "quick.yaml"), device_identity(torch.device("cpu")), "layer")[0]
     assert [(r.variant, r.config) for r in rows] == [(v.qualified_name, c.text()) for v, c in items(case)]
@@ -61,11 +61,10 @@ def test_dry_run_on_cpu_reports_every_configuration_of_the_swept_layouts(capsys)
 
 
 # A stand-in child: item 1 ends the process the way an illegal access does, item 3 prints sanitizer
-# errors, the rest pass; it starts where it is told to.
+# errors, the rest pass; it runs the items it is told to.
 FAKE_CHILD = f"""
 import os, sys
-start = int(sys.argv[1])
-for i in range(start, 5):
+for i in range(int(sys.argv[1]), int(sys.argv[2])):
     print("{sweep.ITEM}", i, "v", "c", flush=True)
     if i == 1:
         os._exit(139)
@@ -78,10 +77,14 @@ print("========= ERROR SUMMARY: 1 error")
 
 
 def test_a_child_that_dies_is_restarted_after_the_configuration_that_ended_it(monkeypatch) -> None:
-    case = layouts(str(ROOT / "tuning" / "quick.yaml"), device_identity(torch.device("cpu")), "layer")[0]
-    monkeypatch.setattr(sweep, "items", lambda case: [(REGISTRY.variants(case.problem.op)[0], KernelConfig())] * 5)
-    monkeypatch.setattr(sweep, "_child_command", lambda *a: [sys.executable, "-c", FAKE_CHILD, str(a[4])])
-    rows = sweep.sweep_layout(case, "w.yaml", "memcheck", "cpu", "compute-sanitizer", progress_bar=False)
-    assert [r.clean for r in rows] == [True, False, True, False, True]
+    """Chunks of one layout run in parallel children; the one that dies is restarted after its
+    configuration, and every configuration of every chunk gets its verdict."""
+    monkeypatch.setattr(sweep, "items", lambda case: [(REGISTRY.variants(case.problem.op)[0], KernelConfig())] * 13)
+    monkeypatch.setattr(sweep.shutil, "which", lambda name: "compute-sanitizer")
+    monkeypatch.setattr(sweep, "device_identity", lambda device: device_identity(torch.device("cpu")))
+    monkeypatch.setattr(sweep, "_child_command", lambda *a: [sys.executable, "-c", FAKE_CHILD, str(a[4]), str(a[5])])
+    rows = sanitize(str(ROOT / "tuning" / "quick.yaml"), "cuda", only="layer", progress_bar=False, jobs=3)
+    assert len(rows) == 13 and sweep.CHUNK < 13
+    assert [i for i, r in enumerate(rows) if not r.clean] == [1, 3]
     assert rows[1].verdict.startswith("the child ended here (exit 139)")
     assert rows[3].errors == ["Invalid __global__ read of size 16 bytes", "at kernel+0x10"] and rows[3].verdict == "ok"

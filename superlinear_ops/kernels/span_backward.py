@@ -17,7 +17,7 @@ import torch
 import triton
 import triton.language as tl
 
-from .common import LOG2E, finite_or_zero, scored_block, span_bounds, window_bounds
+from .common import LOG2E, finite_or_zero, load_key_block, span_bounds, window_bounds
 from .launch import KernelConfig, LaunchGeometry
 
 
@@ -29,13 +29,14 @@ def _backward_segment(
     N_SLOTS: tl.constexpr, D_HEAD: tl.constexpr, BLOCK_D: tl.constexpr,
     BLOCK_K: tl.constexpr, HAS_MASK: tl.constexpr,
 ):
-    """Gradients of keys lo..hi for the N_SLOTS span outputs starting at first_slot."""
+    """Gradients of keys lo..hi for the N_SLOTS span outputs starting at first_slot (q: [1, BLOCK_D])."""
     for start in range(lo, hi + 1, BLOCK_K):
-        s2, k, v, offs_k, kv_mask = scored_block(
-            q, K_ptr, V_ptr, kv_base, stride_kl, mask_ptr, mask_base,
-            start, hi, offs_d, d_mask, qk_scale, BLOCK_K, HAS_MASK,
-        )
-        k, v = finite_or_zero(k), finite_or_zero(v)
+        offs_k = start + tl.arange(0, BLOCK_K)
+        k, v, valid = load_key_block(K_ptr, V_ptr, kv_base, stride_kl, mask_ptr, mask_base, offs_k, offs_k <= hi,
+                                     offs_d, d_mask, HAS_MASK)
+        k, v = finite_or_zero(k.to(tl.float32)), finite_or_zero(v.to(tl.float32))
+        s2 = tl.where(valid, tl.sum(k * q, axis=1) * qk_scale, float("-inf"))
+        kv_mask = valid[:, None] & d_mask[None, :]
         ds = tl.zeros((BLOCK_K,), dtype=tl.float32)
         dv = tl.zeros((BLOCK_K, BLOCK_D), dtype=tl.float32)
         for j in tl.static_range(N_SLOTS):
@@ -50,7 +51,7 @@ def _backward_segment(
             dv += tl.where(live, p[:, None] * do[None, :], 0.0)
         dq += tl.sum(ds[:, None] * k, axis=0)
         dkv_offsets = dkv_base + offs_k[:, None].to(tl.int64) * D_HEAD + offs_d[None, :]
-        tl.atomic_add(dK_ptr + dkv_offsets, ds[:, None] * q[None, :] * sm_scale, mask=kv_mask)
+        tl.atomic_add(dK_ptr + dkv_offsets, ds[:, None] * q * sm_scale, mask=kv_mask)
         tl.atomic_add(dV_ptr + dkv_offsets, dv, mask=kv_mask)
     return dq
 
@@ -77,7 +78,9 @@ def span_backward_kernel(
     offs_d = tl.arange(0, BLOCK_D)
     d_mask = offs_d < D_HEAD
     q_ptrs = Q_ptr + batch * stride_qb + head * stride_qh + query * stride_ql + offs_d
-    q = finite_or_zero(tl.load(q_ptrs, mask=d_mask, other=0.0).to(tl.float32))
+    # q as one [1, BLOCK_D] row, broadcast once: re-broadcasting a 1-D q in each segment's loop
+    # makes Triton 3.6's layout pass fail ("operand does not dominate") at 1 or 2 warps, fused spans.
+    q = finite_or_zero(tl.load(q_ptrs, mask=d_mask, other=0.0).to(tl.float32))[None, :]
     kv_head = head // REP
     kv_base = batch * stride_kb + kv_head * stride_kh
     if SPLIT_DKV:

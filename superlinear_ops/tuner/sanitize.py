@@ -4,8 +4,9 @@ For every problem of a workload, at a small shape of the same layout (problems t
 their lengths share one), every applicable variant runs a covering set of its declared space
 (``covering_configs``) under ``compute-sanitizer`` (memcheck by default; racecheck on request),
 each configuration checked against the float64 reference too. The sweep runs in child processes,
-one per layout; a configuration that crashes its child is reported and the child is restarted
-after it, so one fault never hides the others. Without compute-sanitizer (a CPU machine) the same
+each over a chunk of one layout's configurations, several at once (``--jobs``: compiling is what
+takes the time, and the GPU has room for many); a configuration that crashes its child is reported
+and the child is restarted after it, so one fault never hides the others. Without compute-sanitizer (a CPU machine) the same
 sweep runs without it, as a dry run of the configurations' correctness.
 """
 
@@ -19,6 +20,7 @@ import shutil
 import subprocess
 import sys
 import time
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, replace
 
 import torch
@@ -34,8 +36,9 @@ from .workload import Case, load
 
 log = logging.getLogger(__name__)
 
-SMALL_QUERIES, SMALL_KEYS = 128, 512  # the sweep's shape: every tile kind still has several blocks
+SMALL_QUERIES, SMALL_KEYS, SMALL_WINDOW = 128, 1024, 128  # the sweep's shape: every tile kind still has several blocks
 REPEATS = 2  # runs per configuration (some illegal accesses show only after several launches)
+CHUNK = 6  # configurations per child process: small enough to spread a layout over the jobs
 ITEM, DONE = "@@sanitize-item", "@@sanitize-done"
 SANITIZER_LINE = re.compile(r"^={9} (?!ERROR SUMMARY)(.*)")
 
@@ -57,10 +60,15 @@ def covering_configs(variant: Variant, default: KernelConfig) -> list[KernelConf
 
 
 def small_case(case: Case) -> Case:
-    """``case`` at the sweep's shape, its layout unchanged: past twice the window (so that queries
-    have spans), a training step still one query per key, decode one query."""
+    """``case`` at the sweep's shape, its layout otherwise unchanged: the window shrunk to at most
+    ``SMALL_WINDOW`` keys (the largest ``sw_index`` that gives it), ``SMALL_KEYS`` keys past twice
+    the window (so that queries have spans), a training step still one query per key, decode one query."""
     p = case.problem
-    keys = min(p.keys, max(SMALL_KEYS, 2 * p.window + SMALL_KEYS))
+    sw_index = p.sw_index
+    while sw_index > 1 and p._replace(sw_index=sw_index).window > SMALL_WINDOW:
+        sw_index -= 1
+    p = p._replace(sw_index=sw_index)
+    keys = min(p.keys, 2 * p.window + SMALL_KEYS)
     queries = 1 if p.op == STAGED_DECODE else keys if p.queries == p.keys else min(p.queries, SMALL_QUERIES)
     fill = min(case.cache_fill, keys // 2) if case.cache_fill else None
     return replace(case, problem=p._replace(queries=queries, keys=keys), cache_fill=fill)
@@ -84,11 +92,11 @@ def items(case: Case) -> list[tuple[Variant, KernelConfig]]:
     return out
 
 
-def run_child(workload_path: str, label: str, start: int, device: torch.device) -> int:
-    """The child's job: run the items of the layout ``label`` from ``start`` on, one marker line each."""
+def run_child(workload_path: str, label: str, start: int, stop: int, device: torch.device) -> int:
+    """The child's job: run the items ``start:stop`` of the layout ``label``, one marker line each."""
     case = next(c for c in layouts(workload_path, device_identity(device), None) if c.label == label)
     bench = ProblemBench(case, device, seed=0)
-    for index, (variant, config) in list(enumerate(items(case)))[start:]:
+    for index, (variant, config) in list(enumerate(items(case)))[start:stop]:
         print(f"{ITEM} {index} {variant.qualified_name} {config.text()}", flush=True)
         try:
             for _ in range(REPEATS):
@@ -116,9 +124,10 @@ class SweepRow:
         return not self.errors and self.verdict == "ok"
 
 
-def _child_command(sanitizer: str | None, tool: str, workload_path: str, label: str, start: int, device: str) -> list[str]:
+def _child_command(sanitizer: str | None, tool: str, workload_path: str, label: str, start: int, stop: int,
+                   device: str) -> list[str]:
     child = [sys.executable, "-m", "superlinear_ops.tuner.sanitize", workload_path, "--child", label,
-             "--start", str(start), "--device", device]
+             "--start", str(start), "--stop", str(stop), "--device", device]
     return child if sanitizer is None else [sanitizer, "--tool", tool, "--print-limit", "20", *child]
 
 
@@ -143,53 +152,53 @@ def _read_child(command: list[str], rows: list[SweepRow], progress) -> tuple[int
     return current, last, child.returncode, (stderr.strip().splitlines() or ["no output"])[-1][:200]
 
 
-def sweep_layout(case: Case, workload_path: str, tool: str, device: str, sanitizer: str | None,
-                 progress_bar: bool = True) -> list[SweepRow]:
-    """Every item of one layout, restarting the child after an item that ended it."""
-    rows = [SweepRow(case.label, v.qualified_name, c.text()) for v, c in items(case)]
-    start = 0
-    with tqdm(total=len(rows), desc=case.label, unit="config", disable=not progress_bar) as progress:
-        while start < len(rows):
-            command = _child_command(sanitizer, tool, workload_path, case.label, start, device)
-            current, last, status, tail = _read_child(command, rows, progress)
-            if last == len(rows) - 1:
-                break
-            crashed = current if current is not None and current > last else last + 1
-            if crashed < len(rows):
-                rows[crashed].verdict = f"the child ended here (exit {status}): {tail}"
-                progress.update(1)
-                progress.write(f"{case.label} | {rows[crashed].variant} {rows[crashed].config}: {rows[crashed].verdict}")
-            start = crashed + 1
-    return rows
+def sweep_range(rows: list[SweepRow], case: Case, start: int, stop: int, workload_path: str, tool: str,
+                device: str, sanitizer: str | None, progress) -> None:
+    """Fill ``rows[start:stop]`` of one layout, restarting the child after an item that ended it."""
+    while start < stop:
+        command = _child_command(sanitizer, tool, workload_path, case.label, start, stop, device)
+        current, last, status, tail = _read_child(command, rows, progress)
+        if last == stop - 1:
+            return
+        crashed = current if current is not None and current > last else max(last + 1, start)
+        rows[crashed].verdict = f"the child ended here (exit {status}): {tail}"
+        progress.update(1)
+        progress.write(f"{case.label} | {rows[crashed].variant} {rows[crashed].config}: {rows[crashed].verdict}")
+        start = crashed + 1
 
 
 def sanitize(workload_path: str, device: str, tool: str = "memcheck", only: str | None = None,
-             progress_bar: bool = True) -> list[SweepRow]:
-    """The sweep over every layout of the workload (see the module docstring)."""
+             progress_bar: bool = True, jobs: int = 1) -> list[SweepRow]:
+    """The sweep over every layout of the workload (see the module docstring), ``jobs`` children at once."""
     sanitizer = shutil.which("compute-sanitizer") if device == "cuda" else None
     if sanitizer is None:
         log.warning("compute-sanitizer not used (%s): a dry run of the configurations' correctness only",
                     "no GPU" if device != "cuda" else "not on PATH")
-    rows = []
-    for case in layouts(workload_path, device_identity(torch.device(device)), only):
-        start = time.time()
-        found = sweep_layout(case, workload_path, tool, device, sanitizer, progress_bar)
-        log.info("%s: %d configurations, %d with errors (%.0f s)", case.label, len(found),
-                 sum(not r.clean for r in found), time.time() - start)
-        rows.extend(found)
-    return rows
+    cases = layouts(workload_path, device_identity(torch.device(device)), only)
+    tables = [[SweepRow(c.label, v.qualified_name, k.text()) for v, k in items(c)] for c in cases]
+    chunks = [(rows, case, start, min(start + CHUNK, len(rows)))
+              for case, rows in zip(cases, tables) for start in range(0, len(rows), CHUNK)]
+    began = time.time()
+    with tqdm(total=sum(map(len, tables)), unit="config", disable=not progress_bar) as progress, \
+            ThreadPoolExecutor(max(1, jobs)) as pool:
+        list(pool.map(lambda chunk: sweep_range(*chunk, workload_path, tool, device, sanitizer, progress), chunks))
+    for case, rows in zip(cases, tables):
+        log.info("%s: %d configurations, %d with errors", case.label, len(rows), sum(not r.clean for r in rows))
+    log.info("%d configurations in %.0f s with %d jobs", sum(map(len, tables)), time.time() - began, jobs)
+    return [row for rows in tables for row in rows]
 
 
 def sanitize_command(args: argparse.Namespace) -> int:
     """Run the sweep and print one line per configuration with errors; exit 1 when there is one."""
     device = select_device(args.device).type
-    rows = sanitize(args.workload, device, args.tool, args.problems, not args.no_progress)
+    began = time.time()
+    rows = sanitize(args.workload, device, args.tool, args.problems, not args.no_progress, args.jobs)
     bad = [r for r in rows if not r.clean]
     for r in bad:
         print(f"{r.layout} | {r.variant} {r.config}: {r.verdict}; {len(r.errors or [])} sanitizer lines"
               + (f" (first: {r.errors[0]})" if r.errors else ""))
     print(f"{len(rows)} configurations over {len({r.layout for r in rows})} layouts, {len(bad)} with errors"
-          f" ({args.tool if device == 'cuda' else 'dry run, no sanitizer'})")
+          f" ({args.tool if device == 'cuda' else 'dry run, no sanitizer'}, {time.time() - began:.0f} s, {args.jobs} jobs)")
     return 1 if bad else 0
 
 
@@ -204,6 +213,8 @@ def add_command(commands) -> None:
     parser.add_argument("--tool", choices=("memcheck", "racecheck"), default="memcheck", help="default: memcheck")
     parser.add_argument("--problems", metavar="REGEX", help="only the problems whose label matches")
     parser.add_argument("--device", choices=("cuda", "cpu"), help="default: cuda when available")
+    parser.add_argument("--jobs", type=int, default=1, metavar="N",
+                        help="child processes at once (compiling dominates; e.g. the CPU cores); default: 1")
     parser.add_argument("--no-progress", action="store_true", help="no progress bar (configurations with errors still print as found)")
     parser.set_defaults(handler=sanitize_command)
 
@@ -214,9 +225,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("workload")
     parser.add_argument("--child", required=True, help="the layout's label")
     parser.add_argument("--start", type=int, default=0)
+    parser.add_argument("--stop", type=int, required=True)
     parser.add_argument("--device", default="cuda")
     args = parser.parse_args(argv)
-    return run_child(args.workload, args.child, args.start, torch.device(args.device))
+    return run_child(args.workload, args.child, args.start, args.stop, torch.device(args.device))
 
 
 if __name__ == "__main__":
