@@ -21,10 +21,11 @@ import torch
 
 from superlinear_ops import decode_span_attention_staged_gqa, dispatch
 from superlinear_ops.decode.settings import DecodeSettings
+from superlinear_ops.ops.inputs import Inputs
 from superlinear_ops.problem import device_identity
 from superlinear_ops.registry import REGISTRY
 from superlinear_ops.tuner.bench import lower_bound, sdpa_time
-from superlinear_ops.tuner.runner import Inputs, ProblemBench, measure, run
+from superlinear_ops.tuner.runner import ProblemBench, measure, run
 from superlinear_ops.tuner.workload import Case, load
 
 VARIANTS = ("staged", "split_window", "grouped")
@@ -107,7 +108,7 @@ def main() -> None:
             config = variant.default(case.problem)
             row[f"{name}_error"] = bench.check(variant, config)
             row[f"{name}_graph_ms"] = bench.time_ms(variant, config)
-            call = lambda: run(variant, config, case.problem, bench.inputs)  # noqa: E731
+            call = lambda: run(variant, config, case.problem, bench.inputs, bench.parts)  # noqa: E731
             row[f"{name}_kernels_ms"] = kernel_times(call, device)
             if case.label == "decode 1048576":
                 row[f"{name}_eager_ms"] = measure(call, device)

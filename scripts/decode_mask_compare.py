@@ -22,9 +22,11 @@ import torch.nn.functional as F
 from decode_compare import api_call, kernel_times
 
 from superlinear_ops import dispatch
+from superlinear_ops.ops.inputs import Inputs
+from superlinear_ops.ops.spec import grouped_heads
 from superlinear_ops.problem import device_identity
-from superlinear_ops.tuner.bench import DENSE_BACKENDS, grouped_heads, time_backends, traffic
-from superlinear_ops.tuner.runner import Inputs, ProblemBench, measure
+from superlinear_ops.tuner.bench import DENSE_BACKENDS, time_backends, traffic
+from superlinear_ops.tuner.runner import ProblemBench, measure
 from superlinear_ops.tuner.workload import Case, load
 
 CONTEXTS = (4096, 65536, 1048576)

@@ -44,7 +44,7 @@ def main() -> None:
     api = api_call(bench)
 
     def launcher():
-        return run(variant, config, bench.problem, bench.inputs)
+        return run(variant, config, bench.problem, bench.inputs, bench.parts)
 
     for call in (api, launcher):
         call()

@@ -38,8 +38,8 @@ from superlinear_ops.kernels.window_attention import (
     window_attention,
     window_attention_kernel,
 )
+from superlinear_ops.ops.inputs import search_like_spans
 from superlinear_ops.reference import span_forward_reference
-from superlinear_ops.tuner.runner import search_like_spans
 
 BANDWIDTH, BF16_FLOPS = 4.3e12, 790e12
 B, HQ, HKV, D, K_SPANS = 1, 32, 2, 128, 3

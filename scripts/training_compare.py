@@ -27,8 +27,8 @@ from superlinear_ops.kernels.span_backward import span_backward
 from superlinear_ops.kernels.span_forward import span_forward
 from superlinear_ops.kernels.span_tc_backward import SPAN_TC_BACKWARD_DEFAULTS, span_backward_tc
 from superlinear_ops.kernels.span_tiles import clamped_span_bounds
+from superlinear_ops.ops.inputs import search_like_spans
 from superlinear_ops.reference import span_backward_reference, span_forward_reference
-from superlinear_ops.tuner.runner import search_like_spans
 
 try:
     from superlinear_ops.kernels.span_tc_forward import TC_FORWARD_DEFAULTS, span_forward_tc

@@ -31,8 +31,7 @@ from .layer_api import (
 from .patch import patch_superlinear, unpatch_superlinear
 from .precompile import warmup
 from .problem import Problem
-
-__version__ = "0.1.0"
+from .version import __version__ as __version__
 
 use_cache()  # explicit cache (SUPERLINEAR_OPS_CACHE) > user store > shipped files > defaults
 

@@ -17,6 +17,7 @@ from __future__ import annotations
 from itertools import product
 from typing import NamedTuple
 
+from .cache.schema import KEY_FIELDS, key_text
 from .problem import Problem
 
 NEAREST_DISTANCE = 1
@@ -32,13 +33,10 @@ def query_bucket(queries: int) -> int:
     return next_power_of_two(queries)
 
 
-# The key's fields are the problem's, with the device identity flattened to its name and arch
-# (one field list: the store's columns derive from it too). Types are given as their names.
-KEY_FIELD_TYPES: dict[str, str] = {
-    **{name: getattr(kind, "__forward_arg__", kind) for name, kind in Problem.__annotations__.items() if name != "device"},
-    "device": "str",
-    "arch": "str",
-}
+# The key's fields are the problem's, with the device identity flattened to its name and arch; they,
+# the key text and the store's columns come from one declared list, cache.schema.KEY_FIELDS.
+# Types are given as their names.
+KEY_FIELD_TYPES: dict[str, str] = {field.name: field.type for field in KEY_FIELDS}
 _KeyFields = NamedTuple("_KeyFields", list(KEY_FIELD_TYPES.items()))
 
 
@@ -48,13 +46,8 @@ class ProblemKey(_KeyFields):
     __slots__ = ()
 
     def text(self) -> str:
-        """A stable one-line rendering (used in tables, logs and as a study name)."""
-        factors = ",".join(f"{f:g}" for f in self.factors) or "-"
-        return (
-            f"{self.op}|{self.dtype}|D{self.head_dim}|H{self.q_heads}/{self.kv_heads}|K{self.spans}"
-            f"|Lq{self.queries}|Lkv{self.keys}|B{self.batch}|{'mask' if self.masked else 'nomask'}"
-            f"|sw{self.sw_index}|{self.power}|f{factors}|{self.device}|{self.arch}"
-        )
+        """A stable one-line rendering (the store's primary key; used in tables, logs and as a study name)."""
+        return key_text(self)
 
 
 def key_of(problem: Problem) -> ProblemKey:

@@ -10,7 +10,7 @@ import sys
 from .devices import select_device
 
 DTYPES = ("float32", "bfloat16", "float16")
-OPS = ("span_forward", "span_backward", "staged_decode", "attention_layer")  # problem.OPS, without importing torch
+OPS = ("span_forward", "span_backward", "staged_decode", "attention_layer")  # problem.OPS, for help without importing torch
 ARCHS = ("sm_80", "sm_86", "sm_89", "sm_90", "sm_100", "sm_120")  # arch_check.ARCH_LIMITS
 
 
@@ -33,9 +33,7 @@ def _demo(args: argparse.Namespace) -> int:
 def _variants(args: argparse.Namespace) -> int:
     from .registry import REGISTRY
 
-    for variant in REGISTRY.all():
-        if args.op and variant.op != args.op:
-            continue
+    for variant in REGISTRY.variants(args.op) if args.op else REGISTRY.all():
         space = ", ".join(f"{p.name} in {{{', '.join(map(str, p.values))}}}" for p in variant.space) or "no tunables"
         print(f"{variant.qualified_name}  (priority {variant.priority}{', baseline: searched only where nothing else applies' if variant.baseline else ''})")
         print(f"    {variant.description}")
@@ -46,14 +44,15 @@ def _variants(args: argparse.Namespace) -> int:
 def _problem_from_args(args: argparse.Namespace):
     from . import geometry
     from .problem import Problem
+    from .registry import REGISTRY
 
     search_power = None if args.inv_search_power_int is not None else args.search_power
     params = geometry.power_params(search_power=search_power, inv_search_power_int=args.inv_search_power_int)
-    searching = args.op in ("staged_decode", "attention_layer")  # the ops whose span lengths come from the factors
-    factors = (args.backward_factor, args.forward_factor, args.span_power) if searching else ()
+    spec = REGISTRY.spec(args.op)  # ValueError naming the known ops
+    factors = (args.backward_factor, args.forward_factor, args.span_power) if spec.searching else ()
     return Problem(
         op=args.op, dtype=args.dtype, head_dim=args.head_dim, q_heads=args.q_heads, kv_heads=args.kv_heads,
-        spans=args.spans, queries=1 if args.op == "staged_decode" else args.queries, keys=args.keys,
+        spans=args.spans, queries=1 if spec.single_query else args.queries, keys=args.keys,
         batch=args.batch, masked=args.mask, sw_index=args.sw_index, power=params.label,
         device=_device(args), factors=factors,
     )
@@ -128,7 +127,8 @@ def _archcheck(args: argparse.Namespace) -> int:
 
 def _add_problem_arguments(parser: argparse.ArgumentParser) -> None:
     """Flags describing one problem; the defaults are model M's decode at 64K (SPEC section 4)."""
-    parser.add_argument("--op", choices=OPS, default="staged_decode", help="default: staged_decode")
+    parser.add_argument("--op", default="staged_decode",
+                        help=f"the op: {', '.join(OPS)}, or one a plugin declares (default: staged_decode)")
     parser.add_argument("--dtype", choices=DTYPES + ("float64",), default="bfloat16", help="default: bfloat16")
     parser.add_argument("--batch", type=int, default=1, help="B (default 1)")
     parser.add_argument("--q-heads", type=int, default=32, help="Hq (default 32)")
@@ -149,7 +149,7 @@ def _add_problem_arguments(parser: argparse.ArgumentParser) -> None:
 
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser of ``superlinear-ops`` and its subcommands."""
-    from . import __version__
+    from .version import __version__
 
     parser = argparse.ArgumentParser(
         prog="superlinear-ops",
@@ -173,7 +173,7 @@ def build_parser() -> argparse.ArgumentParser:
         "variants", help="list every registered kernel variant with its tunable space",
         description="List the registry: each op's variants in priority order with their tunable parameters.",
     )
-    variants.add_argument("--op", choices=OPS, default=None, help="only this op's variants")
+    variants.add_argument("--op", default=None, help=f"only this op's variants ({', '.join(OPS)}, or a plugin's)")
     variants.set_defaults(handler=_variants)
 
     explain = commands.add_parser(

@@ -14,16 +14,16 @@ from typing import NamedTuple
 import torch
 
 from . import geometry
+from .registry import REGISTRY
 
 SPAN_FORWARD = "span_forward"
 SPAN_BACKWARD = "span_backward"
 STAGED_DECODE = "staged_decode"
 ATTENTION_LAYER = "attention_layer"
-OPS = (SPAN_FORWARD, SPAN_BACKWARD, STAGED_DECODE, ATTENTION_LAYER)
+OPS = (SPAN_FORWARD, SPAN_BACKWARD, STAGED_DECODE, ATTENTION_LAYER)  # the library's own (REGISTRY.ops: all declared)
 _DTYPE_NAMES = {dt: str(dt).removeprefix("torch.") for dt in (torch.float16, torch.bfloat16, torch.float32, torch.float64)}
 MAX_HEAD_DIM = 256
 DECODE_FACTORS = ("backward_factor", "forward_factor", "span_power")
-SEARCHING_OPS = (STAGED_DECODE, ATTENTION_LAYER)  # the ops that search: their span lengths come from DECODE_FACTORS
 
 
 class DeviceIdentity(NamedTuple):
@@ -93,8 +93,9 @@ class Problem(NamedTuple):
 
     def check(self) -> "Problem":
         """This problem, after checking every field; ValueError/TypeError naming the first bad one."""
-        if self.op not in OPS:
-            raise ValueError(f"op must be one of {OPS}, got {self.op!r}")
+        if self.op not in REGISTRY.ops:
+            raise ValueError(f"op must be one of {REGISTRY.ops}, got {self.op!r}")
+        spec = REGISTRY.spec(self.op)
         if self.dtype not in _DTYPE_NAMES.values():
             raise ValueError(f"dtype must be one of {tuple(_DTYPE_NAMES.values())}, got {self.dtype!r}")
         for name in ("head_dim", "q_heads", "kv_heads", "spans", "queries", "keys", "batch"):
@@ -105,8 +106,7 @@ class Problem(NamedTuple):
             raise ValueError(f"head_dim must be at most {MAX_HEAD_DIM}, got {self.head_dim}")
         if self.q_heads % self.kv_heads:
             raise ValueError(f"q_heads ({self.q_heads}) must be a multiple of kv_heads ({self.kv_heads})")
-        if self.op == STAGED_DECODE and self.queries != 1:
-            raise ValueError(f"queries must be 1 for staged_decode, got {self.queries}")
+        spec.check(self)
         if not isinstance(self.masked, bool):
             raise TypeError(f"masked must be a bool, got {self.masked!r}")
         if isinstance(self.sw_index, bool) or not isinstance(self.sw_index, int) or self.sw_index < 0:
@@ -116,7 +116,7 @@ class Problem(NamedTuple):
         geometry.PowerParams.from_label(self.power)  # ValueError naming the power label
         if not isinstance(self.device, DeviceIdentity):
             raise TypeError(f"device must be a DeviceIdentity (see device_identity), got {self.device!r}")
-        names = DECODE_FACTORS if self.op in SEARCHING_OPS else ()
+        names = DECODE_FACTORS if spec.searching else ()
         if not isinstance(self.factors, tuple) or len(self.factors) != len(names):
             raise ValueError(f"factors must be ({', '.join(names)}) for {self.op}, got {self.factors!r}")
         for name, value in zip(names, self.factors):

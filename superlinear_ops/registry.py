@@ -14,7 +14,8 @@ A variant declares (see ``variants.py``, where all declarations live):
 - ``priority``: lower is preferred when the dispatcher falls back to defaults;
 - ``baseline``: kept for comparison and as a fallback where faster variants do not apply; the
   tuner searches baselines only for problems that no other variant serves.
-The tuner searches what is declared here and the dispatcher chooses from it.
+The tuner searches what is declared here and the dispatcher chooses from it. Each op is declared
+first by its spec (``ops.spec.OpSpec``, ``add_op``): what the tuner, bench, verify and warm-up know of it.
 """
 
 from __future__ import annotations
@@ -23,10 +24,13 @@ import functools
 import itertools
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from .code_hash import code_hash
 from .kernels.launch import KernelConfig
-from .problem import OPS, Problem
+
+if TYPE_CHECKING:  # the problem module checks ops through the registry
+    from .problem import Problem
 
 
 @dataclass(frozen=True)
@@ -107,15 +111,41 @@ def _launch_hash(launch: Callable) -> str:
 
 
 class Registry:
-    """Variants by op, in priority order."""
+    """Op specs, and each op's variants in priority order."""
 
     def __init__(self) -> None:
-        self._variants: dict[str, dict[str, Variant]] = {op: {} for op in OPS}
+        self._specs: dict[str, object] = {}  # op name -> its ops.spec.OpSpec
+        self._variants: dict[str, dict[str, Variant]] = {}
+
+    @property
+    def ops(self) -> tuple[str, ...]:
+        """The declared ops, in declaration order."""
+        return tuple(self._specs)
+
+    def add_op(self, spec) -> None:
+        """Declare an op by its spec (``ops.spec.OpSpec``); its name must be new."""
+        if spec.name in self._specs:
+            raise ValueError(f"op {spec.name!r} is already declared")
+        self._specs[spec.name] = spec
+        self._variants[spec.name] = {}
+
+    def remove_op(self, op: str) -> None:
+        """Withdraw an op and its variants (tests use this to withdraw what they planted)."""
+        self._check(op)
+        del self._specs[op], self._variants[op]
+
+    def spec(self, op: str):
+        """The spec of ``op`` (``ops.spec.OpSpec``)."""
+        self._check(op)
+        return self._specs[op]
+
+    def _check(self, op: str) -> None:
+        if op not in self._specs:
+            raise ValueError(f"unknown op {op!r}; ops are {self.ops}")
 
     def register(self, variant: Variant) -> Variant:
-        """Add a variant; its op must be known and its name new for that op."""
-        if variant.op not in self._variants:
-            raise ValueError(f"unknown op {variant.op!r}; ops are {OPS}")
+        """Add a variant; its op must be declared and its name new for that op."""
+        self._check(variant.op)
         if variant.name in self._variants[variant.op]:
             raise ValueError(f"variant {variant.qualified_name} is already registered")
         self._variants[variant.op][variant.name] = variant
@@ -127,8 +157,7 @@ class Registry:
 
     def variants(self, op: str) -> list[Variant]:
         """The variants of ``op``, most preferred first."""
-        if op not in self._variants:
-            raise ValueError(f"unknown op {op!r}; ops are {OPS}")
+        self._check(op)
         return sorted(self._variants[op].values(), key=lambda v: (v.priority, v.name))
 
     def get(self, op: str, name: str) -> Variant:
@@ -149,7 +178,7 @@ class Registry:
 
     def all(self) -> list[Variant]:
         """Every registered variant, op by op."""
-        return [v for op in OPS for v in self.variants(op)]
+        return [v for op in self.ops for v in self.variants(op)]
 
 
 REGISTRY = Registry()

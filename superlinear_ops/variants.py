@@ -27,6 +27,7 @@ from .decode.split_window import split_window_decode
 from .decode.staged import staged_decode
 from .kernels.launch import KernelConfig, LaunchGeometry
 from .layer.search import search_reference
+from .ops import BUILTIN as BUILTIN_OPS
 from .problem import ATTENTION_LAYER, SPAN_BACKWARD, SPAN_FORWARD, STAGED_DECODE, Problem
 from .reference import span_backward_reference, span_forward_reference
 from .registry import REGISTRY, Param, Variant
@@ -362,6 +363,9 @@ def position_clamped(launch):
 
 
 # --- declarations -------------------------------------------------------------------------------
+
+for spec in BUILTIN_OPS:
+    REGISTRY.add_op(spec)
 
 REGISTRY.register(Variant(
     op=SPAN_FORWARD, name="tc_tiles", launch=tc_forward, space=TC_SPACE,

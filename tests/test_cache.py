@@ -185,12 +185,19 @@ def _newer_schema(path):
     _sql(path, f"UPDATE superlinear_ops_schema SET version = {SCHEMA_VERSION + 1}")
 
 
+def _unmigratable_schema(path):
+    with Store.writer(path) as s:
+        s.put(make_entry(0))
+    _sql(path, "UPDATE superlinear_ops_schema SET version = 0")  # no migration leads from it
+
+
 FAULTS = {
     "corrupt.sqlite": _corrupt,
     "truncated.sqlite": _truncated,
     "malformed.yaml": _malformed_yaml,
     "missing-table.sqlite": _missing_table,
     "newer-schema.sqlite": _newer_schema,
+    "unmigratable-schema.sqlite": _unmigratable_schema,
 }
 
 

@@ -83,6 +83,11 @@ def test_reasons_are_given_whenever_a_variant_does_not_apply() -> None:
 def test_variant_names_and_registration_rules() -> None:
     registry = Registry()
     variant = REGISTRY.get("span_forward", "reference")
+    with pytest.raises(ValueError, match="unknown op 'span_forward'"):
+        registry.register(variant)  # an op is declared by its spec before its variants
+    registry.add_op(REGISTRY.spec("span_forward"))
+    with pytest.raises(ValueError, match="already declared"):
+        registry.add_op(REGISTRY.spec("span_forward"))
     registry.register(variant)
     with pytest.raises(ValueError, match="already registered"):
         registry.register(variant)

@@ -185,6 +185,7 @@ def test_problems_of_one_bucket_get_one_answer_on_either_side_of_a_limit(monkeyp
     per_key = 2 * 32 * 128 * 4
     monkeypatch.setattr(variants, "SPLIT_DKV_BUDGET_BYTES", 50_000 * per_key)
     per_query = Registry()  # the variants whose rule reads the budget
+    per_query.add_op(REGISTRY.spec("span_backward"))
     for variant in REGISTRY.variants("span_backward"):
         if variant.baseline:
             per_query.register(variant)

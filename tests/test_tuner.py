@@ -335,7 +335,7 @@ def test_bad_decode_masks_name_the_field_and_line(tmp_path, sizes, words) -> Non
 
 
 def test_decode_masks_are_what_their_kinds_say() -> None:
-    from superlinear_ops.tuner.runner import LEFT_PADDING, decode_mask
+    from superlinear_ops.ops.inputs import LEFT_PADDING, decode_mask
 
     gen = torch.Generator().manual_seed(0)
     keys = 4 * LEFT_PADDING
@@ -358,12 +358,12 @@ def record_inputs(path: str) -> None:
     seen: list[tuple[int, tuple]] = []
     original_run = runner.run
 
-    def recording_run(variant, config, problem, x):
+    def recording_run(variant, config, problem, x, parts):
         holes = () if x.mask is None else tuple((~x.mask).sum(dim=1).tolist())
         seen.append((int(x.cache_position[-1]), holes))
         with open(path, "a") as log:
             log.write(json.dumps(seen[-1]) + "\n")
-        return original_run(variant, config, problem, x)
+        return original_run(variant, config, problem, x, parts)
 
     def fake_measure(call, device, graph=False):
         call()

@@ -8,7 +8,7 @@ from dataclasses import asdict, dataclass, fields
 
 from ..buckets import ProblemKey
 from ..kernels.launch import KernelConfig
-from ..problem import OPS
+from ..registry import REGISTRY
 
 
 @dataclass(frozen=True)
@@ -44,8 +44,8 @@ class TunedEntry:
     provenance: Provenance
 
     def __post_init__(self) -> None:
-        if self.key.op not in OPS:
-            raise ValueError(f"key.op must be one of {OPS}, got {self.key.op!r}")
+        if self.key.op not in REGISTRY.ops:
+            raise ValueError(f"key.op must be one of {REGISTRY.ops}, got {self.key.op!r}")
         if not (math.isfinite(self.median_ms) and self.median_ms > 0):
             raise ValueError(f"timing.median_ms must be a finite time > 0, got {self.median_ms!r}")
         if not self.default_ms > 0:  # inf: the default failed
@@ -122,8 +122,8 @@ class FailureRecord:
     def __post_init__(self) -> None:
         if self.category not in FAILURE_CATEGORIES:
             raise ValueError(f"category must be one of {FAILURE_CATEGORIES}, got {self.category!r}")
-        if self.key.op not in OPS:
-            raise ValueError(f"key.op must be one of {OPS}, got {self.key.op!r}")
+        if self.key.op not in REGISTRY.ops:
+            raise ValueError(f"key.op must be one of {REGISTRY.ops}, got {self.key.op!r}")
 
     @property
     def key_text(self) -> str:

@@ -11,6 +11,7 @@ import torch
 
 from ..problem import DeviceIdentity
 from ..registry import REGISTRY
+from ..version import __version__
 
 
 def kernel_hash(op: str, variant: str) -> str:
@@ -34,8 +35,6 @@ def major_minor(version: str) -> str:
 
 def package_version() -> str:
     """This package's version."""
-    from .. import __version__
-
     return __version__
 
 

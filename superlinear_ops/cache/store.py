@@ -1,7 +1,8 @@
 """The tuned-entry store: SQLAlchemy 2.x over SQLite (default) or any database URL (PostgreSQL...).
 
-- A schema-version table and a migration path (``MIGRATIONS``); a schema newer than the code is
-  refused.
+- A schema-version table and a migration path (``MIGRATIONS``); a schema newer than the code, or
+  one it cannot migrate, is refused. The key columns and the primary key (the key text) derive from
+  one declared list, ``schema.KEY_FIELDS``, pinned to ``SCHEMA_VERSION`` by the tests.
 - SQLite runs in WAL mode with a busy timeout, and write transactions take the write lock up front
   (``BEGIN IMMEDIATE``), so concurrent writers neither lose rows nor see "database is locked".
 - Upserts keep the faster entry unless forced, in one atomic statement.
@@ -41,11 +42,11 @@ from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.engine import Engine
 from sqlalchemy.exc import SQLAlchemyError
 
-from ..buckets import KEY_FIELD_TYPES, ProblemKey
+from ..buckets import ProblemKey
 from ..kernels.launch import KernelConfig
 from .entry import FailureRecord, Provenance, TunedEntry
+from .schema import KEY_FIELDS, SCHEMA_VERSION
 
-SCHEMA_VERSION = 2  # 2: the failures table
 BUSY_TIMEOUT_S = 60
 # What an entry was measured with: a new entry whose values differ replaces the stored one even when slower.
 REMEASURED_BY = ("kernel_hash", "triton_version")
@@ -54,14 +55,20 @@ ENV_CACHE = "SUPERLINEAR_OPS_CACHE"
 metadata = MetaData()
 schema_table = Table("superlinear_ops_schema", metadata, Column("version", Integer, nullable=False))
 _COLUMN_TYPES = {"str": lambda: String(128), "int": lambda: Integer, "bool": lambda: Boolean, "tuple[float, ...]": lambda: String(256)}
+# How a key field's value is written to its column and read back, by type (other types: as they are).
+_TO_COLUMN = {"tuple[float, ...]": lambda factors: ",".join(repr(f) for f in factors)}
+_FROM_COLUMN = {"bool": bool, "tuple[float, ...]": lambda text: tuple(float(f) for f in text.split(",") if f)}
+
+
+def _as_is(value: object) -> object:
+    return value
 
 
 def _key_columns() -> list[Column]:
-    """One column per ProblemKey field (factors as comma-separated text)."""
-    return [Column(name, _COLUMN_TYPES[kind](), nullable=False) for name, kind in KEY_FIELD_TYPES.items()]
+    """One column per field of ``KEY_FIELDS`` (factors as comma-separated text)."""
+    return [Column(field.name, _COLUMN_TYPES[field.type](), nullable=False) for field in KEY_FIELDS]
 
 
-_KEY_COLUMNS = _key_columns()
 _PROVENANCE_COLUMNS = [
     Column(name, Boolean if name == "interpreter" else String(256), nullable=False)
     for name in Provenance.__dataclass_fields__
@@ -70,7 +77,7 @@ entries_table = Table(
     "superlinear_ops_entries",
     metadata,
     Column("key_text", String(512), primary_key=True),
-    *_KEY_COLUMNS,
+    *_key_columns(),
     Column("variant", String(64), nullable=False),
     Column("config", Text, nullable=False),
     Column("median_ms", Float, nullable=False),
@@ -128,13 +135,9 @@ def sqlite_path(url: str) -> pathlib.Path | None:
     return pathlib.Path(url[len(prefix):]) if url.startswith(prefix) and len(url) > len(prefix) else None
 
 
-def _factors_text(factors: tuple[float, ...]) -> str:
-    return ",".join(repr(f) for f in factors)
-
-
 def _key_values(key: ProblemKey) -> tuple:
     """The key's column values (factors as text)."""
-    return tuple(_factors_text(v) if name == "factors" else v for name, v in zip(ProblemKey._fields, key))
+    return tuple(_TO_COLUMN.get(field.type, _as_is)(value) for field, value in zip(KEY_FIELDS, key, strict=True))
 
 
 def _row(entry: TunedEntry) -> dict:
@@ -154,10 +157,7 @@ def _row(entry: TunedEntry) -> dict:
 
 
 def _key_of_row(m) -> ProblemKey:
-    key = {c.name: m[c.name] for c in _KEY_COLUMNS}
-    key["factors"] = tuple(float(f) for f in key["factors"].split(",") if f)
-    key["masked"] = bool(key["masked"])
-    return ProblemKey(**key)
+    return ProblemKey(*(_FROM_COLUMN.get(field.type, _as_is)(m[field.name]) for field in KEY_FIELDS))
 
 
 def _failure_row(record: FailureRecord) -> dict:
@@ -307,6 +307,12 @@ class Store:
                 )
             if entries_table.name not in tables:
                 raise StoreError(f"store {self.url} lacks its {entries_table.name} table")
+            if any(step not in MIGRATIONS for step in range(version, SCHEMA_VERSION)):
+                raise StoreError(
+                    f"store {self.url} has schema version {version}, which this package ({SCHEMA_VERSION}) cannot migrate; "
+                    "export its entries with the superlinear-ops that wrote it (superlinear-ops cache export), then "
+                    "delete the store and import them (superlinear-ops cache import), or delete it and re-tune"
+                )
             if version < SCHEMA_VERSION and create:
                 for step in range(version, SCHEMA_VERSION):
                     MIGRATIONS[step](conn)

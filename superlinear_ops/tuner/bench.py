@@ -10,10 +10,10 @@ import statistics
 from dataclasses import asdict, dataclass
 
 import torch
-import torch.nn.functional as F
 
-from .. import dispatch, geometry
-from ..problem import ATTENTION_LAYER, SPAN_BACKWARD, STAGED_DECODE, device_identity
+from .. import dispatch
+from ..problem import device_identity
+from ..registry import REGISTRY
 from .runner import CandidateFailed, ProblemBench, measure
 from .tune import unique_cases
 from .workload import Case, load
@@ -46,12 +46,6 @@ class BenchRow:
         return self.default_ms / self.tuned_ms if self.tuned_ms > 0 else float("nan")
 
 
-def span_length(case: Case, t: int) -> int:
-    """Keys one span covers at t tokens (backward + forward part)."""
-    bf, ff, sp = case.span_factors
-    return geometry.ceil_scaled_power(bf, t, sp) + geometry.ceil_scaled_power(ff, t, sp) + 1
-
-
 def lower_bound(case: Case) -> tuple[float, str]:
     """max(bytes / bandwidth, FLOPs / tensor rate) in ms for this device's peaks (nan if unknown)."""
     peaks = PEAKS.get(case.problem.device.name)
@@ -65,32 +59,8 @@ def lower_bound(case: Case) -> tuple[float, str]:
 
 
 def traffic(case: Case) -> tuple[float, float]:
-    """(bytes every implementation must move, FLOPs it must compute) for one call of the case."""
-    p = case.problem
-    elem = torch.empty(0, dtype=p.torch_dtype).element_size()
-    window = p.window
-    if p.op == STAGED_DECODE:  # the mean over the fills the case is timed at
-        stripes = geometry.stripe_count(p.keys, p.sw_index, p.params) - p.sw_index
-        fills = [fill or p.keys for fill in case.fills]
-        rows = statistics.fmean(min(t, window + p.rep * p.spans * span_length(case, t)) for t in fills)  # per kv head
-        mask_bytes = 1 if p.masked else 0  # one mask byte per touched key
-        bytes_ = p.batch * p.kv_heads * ((2 * rows + stripes) * p.head_dim * elem + (rows + stripes) * mask_bytes)
-        flops = statistics.fmean(4.0 * p.batch * p.q_heads * p.spans * (window + span_length(case, t)) * p.head_dim
-                                 for t in fills)
-    else:
-        t = p.keys
-        keys_per_span = min(t, window + span_length(case, t))
-        flops = 4.0 * p.batch * p.q_heads * p.queries * p.spans * keys_per_span * p.head_dim
-        out = p.batch * p.q_heads * p.queries * p.spans * p.head_dim
-        bytes_ = (p.batch * (p.q_heads * p.queries + 2 * p.kv_heads * p.keys) * p.head_dim + out) * elem
-        if p.op == ATTENTION_LAYER:  # the search: one stripe key per (query head, query, stripe), and Q1
-            stripes = geometry.stripe_count(p.keys, p.sw_index, p.params) - p.sw_index
-            flops += 2.0 * p.batch * p.q_heads * p.queries * stripes * p.head_dim
-            bytes_ += p.batch * p.q_heads * p.queries * p.head_dim * elem
-        if p.op == SPAN_BACKWARD:  # timed as forward + backward (see runner.run): 1 + 2.5 forwards
-            flops *= 3.5
-            bytes_ *= 3
-    return bytes_, flops
+    """(bytes every implementation must move, FLOPs it must compute) for one call (the op's cost model)."""
+    return REGISTRY.spec(case.problem.op).traffic(case)
 
 
 DENSE_BACKENDS = ("CUDNN_ATTENTION", "FLASH_ATTENTION", "EFFICIENT_ATTENTION")  # SDPBackend names, fastest first on an H200
@@ -140,43 +110,16 @@ def time_backends(make_call, device: torch.device, graph: bool, backends=DENSE_B
     return times
 
 
-def grouped_heads(x, expand: bool) -> tuple[torch.Tensor, torch.Tensor]:
-    """(K, V) of inputs ``x``, repeated to every query head when ``expand``."""
-    rep = x.q.shape[1] // x.k.shape[1]
-    return (x.k.repeat_interleave(rep, dim=1), x.v.repeat_interleave(rep, dim=1)) if expand else (x.k, x.v)
-
-
 def dense_times(bench: ProblemBench) -> DenseTimes:
-    """Dense SDPA on the same inputs under each of ``DENSE_BACKENDS`` forced (decode: the mean over the
-    fills the case is timed at; the span backward: causal forward + backward)."""
-    p, x = bench.problem, bench.inputs
-    if p.op == STAGED_DECODE:
-        fills = [fill or p.keys for fill in bench.case.fills]
-
-        def decode_call(expand, fill):
-            k, v = (t[:, :, :fill] for t in grouped_heads(x, expand))
-            return lambda: F.scaled_dot_product_attention(x.q, k, v, enable_gqa=not expand)
-
-        per_fill = [time_backends(lambda e, f=f: decode_call(e, f), bench.device, graph=True) for f in fills]
-        merged = {name: (statistics.fmean(t[name] for t in per_fill)
-                         if all(isinstance(t.get(name), float) for t in per_fill) else per_fill[0][name])
-                  for name in per_fill[0]}
-        return DenseTimes("decode over the filled prefix", merged)
-    if p.op == SPAN_BACKWARD:
-        grad = torch.randn_like(x.q)
-
-        def training_call(expand):
-            q, k, v = (t.detach().clone().requires_grad_() for t in (x.q, *grouped_heads(x, expand)))
-            return lambda: F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=not expand).backward(grad)
-
-        return DenseTimes("causal forward + backward", time_backends(training_call, bench.device, graph=False))
-    causal = p.queries == p.keys
-
-    def forward_call(expand):
-        k, v = grouped_heads(x, expand)
-        return lambda: F.scaled_dot_product_attention(x.q, k, v, is_causal=causal, enable_gqa=not expand)
-
-    return DenseTimes("causal" if causal else "no causal mask", time_backends(forward_call, bench.device, graph=False))
+    """Dense SDPA on the same inputs under each of ``DENSE_BACKENDS`` forced, what the op's spec
+    compares with (``OpSpec.dense``; the mean over its timed inputs, e.g. a static cache's fills;
+    nothing for an op without a dense counterpart)."""
+    dense = bench.spec.dense(bench.case, bench.inputs)
+    per_input = [time_backends(make_call, bench.device, graph=dense.graph) for make_call in dense.calls]
+    merged = {name: (statistics.fmean(t[name] for t in per_input)
+                     if all(isinstance(t.get(name), float) for t in per_input) else per_input[0][name])
+              for name in (per_input[0] if per_input else ())}
+    return DenseTimes(dense.kind, merged)
 
 
 def sdpa_time(bench: ProblemBench) -> tuple[float, str]:

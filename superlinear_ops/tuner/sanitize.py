@@ -28,7 +28,7 @@ from tqdm import tqdm
 
 from ..devices import select_device
 from ..kernels.launch import KernelConfig
-from ..problem import STAGED_DECODE, device_identity
+from ..problem import device_identity
 from ..registry import REGISTRY, Variant
 from .runner import ProblemBench
 from .tune import unique_cases
@@ -69,7 +69,7 @@ def small_case(case: Case) -> Case:
         sw_index -= 1
     p = p._replace(sw_index=sw_index)
     keys = min(p.keys, 2 * p.window + SMALL_KEYS)
-    queries = 1 if p.op == STAGED_DECODE else keys if p.queries == p.keys else min(p.queries, SMALL_QUERIES)
+    queries = 1 if REGISTRY.spec(p.op).single_query else keys if p.queries == p.keys else min(p.queries, SMALL_QUERIES)
     fill = min(case.cache_fill, keys // 2) if case.cache_fill else None
     return replace(case, problem=p._replace(queries=queries, keys=keys), cache_fill=fill)
 

@@ -266,15 +266,27 @@ def _search_cases(cases: list[Case], studies: list[optuna.Study], settings: Sear
     with Store.writer(cache) as store, CandidateWorker(device, settings.seed, settings.candidate_timeout_s, setup) as worker, \
             _quiet_interrupts():
         failures = FailureLog(store)
+        tuned: dict = {}  # problem key -> this run's winner (variant name, configuration)
         for case, study in zip(cases, studies):
             key = key_of(case.problem)
             if bar is not None:
                 bar.set_postfix_str(case.label)
                 bar.update(len(finished_trials(study)))
-            worker.prepare(case, baseline_candidate(study, case.problem))
+            worker.prepare(case, baseline_candidate(study, case.problem), parts_tuned_here(case.problem, tuned))
             run_search(study, case.problem, worker.evaluate, settings, known=failures.known(key),
                        on_failure=lambda name, config, failure, key=key: failures.record(key, name, config, failure),
                        on_trial=None if bar is None else lambda _t: bar.update(1))
+            _, winner = summarise(case, study)
+            if winner is not None:
+                tuned[key] = (winner.variant, dict(winner.config))
+
+
+def parts_tuned_here(problem, tuned: dict) -> dict:
+    """The parts of ``problem`` (``OpSpec.parts``) whose own problems this run tuned already, at their
+    winners: a backward is timed behind the forward that will run with it, and the layer's search
+    with its span attention; other parts take the dispatcher's choice (``runner.resolve_parts``)."""
+    return {name: tuned[key_of(part)] for name, part in REGISTRY.spec(problem.op).parts(problem).items()
+            if key_of(part) in tuned}
 
 
 def _store_winners(cases: list[Case], studies: list[optuna.Study], settings: SearchSettings, cache: str | None,

@@ -20,7 +20,7 @@ import torch
 from ..kernels.launch import KernelConfig
 from ..registry import REGISTRY
 from .faults import CRASH, TIMEOUT, Failure, Outcome, classify, describe_exit, is_sticky
-from .runner import CandidateFailed, ProblemBench, context_usable
+from .runner import CandidateFailed, PartNames, ProblemBench, context_usable
 from .workload import Case
 
 log = logging.getLogger(__name__)
@@ -77,7 +77,8 @@ def serve(conn, device: torch.device, seed: int, setup: Callable[[], None] | Non
             return
         if request == "prepare":
             try:
-                bench = ProblemBench(payload, device, seed=seed)
+                case, parts = payload
+                bench = ProblemBench(case, device, seed=seed, parts=parts)
                 conn.send(("ready", None))
             except Exception as err:
                 conn.send(("error", f"{err.__class__.__name__}: {err}"))
@@ -112,6 +113,7 @@ class CandidateWorker:
         self._process = None
         self._conn = None
         self._case: Case | None = None
+        self._parts: PartNames | None = None
         self._prepared = False  # the live process holds self._case's inputs
 
     def __enter__(self) -> "CandidateWorker":
@@ -120,10 +122,12 @@ class CandidateWorker:
     def __exit__(self, *exc) -> None:
         self.close()
 
-    def prepare(self, case: Case, baseline: tuple[str, KernelConfig] | None = None) -> None:
-        """Switch to ``case`` (its inputs are built on the next ``evaluate``); ``baseline`` is a candidate that passed before (a resumed study's default),
-        against which real-size results are compared."""
-        self._case, self.baseline, self._prepared = case, baseline, False
+    def prepare(self, case: Case, baseline: tuple[str, KernelConfig] | None = None,
+                parts: PartNames | None = None) -> None:
+        """Switch to ``case`` (its inputs are built on the next ``evaluate``); ``baseline`` is a candidate
+        that passed before (a resumed study's default), against which real-size results are compared;
+        ``parts`` names the configurations of the op's other parts (``ProblemBench``)."""
+        self._case, self.baseline, self._parts, self._prepared = case, baseline, parts, False
 
     def evaluate(self, name: str, config: KernelConfig) -> Outcome:
         """Check and time ``name``/``config`` on the prepared problem in the worker process."""
@@ -170,7 +174,7 @@ class CandidateWorker:
         self._prepare()
 
     def _prepare(self) -> None:
-        self._conn.send(("prepare", self._case))
+        self._conn.send(("prepare", (self._case, self._parts)))
         reply = self._wait(None)
         if reply is _DEAD or reply[0] != "ready":
             why = describe_exit(self._kill()) if reply is _DEAD else reply[1]

@@ -4,8 +4,9 @@ A decode problem is ``decode: {context: N}``, with optional fields ``cache`` (a 
 many keys filled to ``context``: tuned over ``STATIC_FILLS`` fills from ``context`` to ``cache``, the
 fills a replayed graph sees), ``batch`` (instead of the model's) and ``mask`` (a full context with
 an attention mask: one of ``MASK_KINDS`` or a list of them; every kind has the same key, so the
-problem is tuned for the mean time over them). A bad file raises ``WorkloadError`` naming the file,
-the field and its line.
+problem is tuned for the mean time over them). ``op: {name: OP, queries: N, keys: M}`` names one
+problem of any declared op directly (a plugin's too; ``batch`` optional). A bad file raises
+``WorkloadError`` naming the file, the field and its line.
 """
 
 from __future__ import annotations
@@ -21,17 +22,20 @@ import yaml
 from .. import geometry
 from ..dispatch import FULL_CONTEXT, STATIC_CACHE
 from ..problem import ATTENTION_LAYER, SPAN_BACKWARD, SPAN_FORWARD, STAGED_DECODE, DeviceIdentity, Problem
+from ..registry import REGISTRY
 
 DTYPES = ("float16", "bfloat16", "float32")
 KINDS = {
     "decode": ("context", "cache", "batch", "mask"), "prefill": ("chunk", "prefix"), "training": ("tokens",),
     "layer_prefill": ("chunk", "keys"), "layer_training": ("tokens",),  # the whole layer (search, spans, gate)
+    "op": ("name", "queries", "keys", "batch"),  # one problem of any declared op
 }
 TOP_FIELDS = ("name", "model", "span", "problems")
 MODEL_FIELDS = ("batch", "q_heads", "kv_heads", "head_dim", "dtype")
 SPAN_FIELDS = ("sw_index", "topk", "span_power", "backward_factor", "forward_factor", "search_power",
                "inv_search_power_int")
 OPTIONAL_SIZES = ("cache", "batch", "mask")
+TEXT_SIZES = ("name",)
 MASK_KINDS = ("ones", "holes", "left_padding")  # all keys; 10% holes; row b left-padded by 100 (b + 1) keys
 STATIC_FILLS = 3
 
@@ -151,6 +155,13 @@ class Workload:
                 problem = Problem(ATTENTION_LAYER, spans=s["topk"], queries=queries, keys=keys, masked=False,
                                   factors=factors, **common)
                 cases.append(Case(label, problem, factors))
+            elif kind == "op":
+                spec = REGISTRY.spec(sizes["name"])
+                queries = 1 if spec.single_query else sizes["queries"]
+                problem = Problem(spec.name, spans=s["topk"], queries=queries, keys=sizes["keys"], masked=False,
+                                  factors=factors if spec.searching else (),
+                                  **{**common, "batch": sizes.get("batch", common["batch"])})
+                cases.append(Case(f"{spec.name} {queries} over {sizes['keys']}", problem, factors))
             elif kind == "prefill":
                 keys = sizes["prefix"] + sizes["chunk"]
                 problem = Problem(SPAN_FORWARD, spans=s["topk"], queries=sizes["chunk"], keys=keys, masked=False, **common)
@@ -181,6 +192,13 @@ def _mask_kinds(path, sizes: dict) -> tuple[str, ...]:
     if not isinstance(kinds, list) or not kinds or len(set(map(str, kinds))) != len(kinds) or any(k not in MASK_KINDS for k in kinds):
         raise _fail(path, _line(sizes, "mask"), f"'mask' must be one of {list(MASK_KINDS)} or a list of distinct ones, got {value!r}")
     return tuple(kinds)
+
+
+def _op_name(path, section: dict, name: str) -> None:
+    """``section[name]`` must name a declared op."""
+    value = section.get(name)
+    if value not in REGISTRY.ops:
+        raise _fail(path, _line(section, name), f"'{name}' must be a declared op, one of {list(REGISTRY.ops)}; got {value!r}")
 
 
 def _number(path, section: dict, name: str, low: float, high: float | None = None) -> float:
@@ -251,6 +269,8 @@ def load(path: str | os.PathLike) -> Workload:
         for field in allowed:
             if field == "mask" and field in sizes:
                 sizes[field] = _mask_kinds(path, sizes)
+            elif field in TEXT_SIZES:
+                _op_name(path, sizes, field)
             elif field in sizes or field not in OPTIONAL_SIZES:
                 _int(path, sizes, field)
         if kind == "layer_prefill" and sizes["chunk"] > sizes["keys"]:
