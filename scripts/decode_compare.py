@@ -20,10 +20,10 @@ import statistics
 import torch
 
 from superlinear_ops import decode_span_attention_staged_gqa, dispatch
-from superlinear_ops.decode.settings import DecodeSettings
 from superlinear_ops.ops.inputs import Inputs
 from superlinear_ops.problem import device_identity
 from superlinear_ops.registry import REGISTRY
+from superlinear_ops.settings import SpanSettings
 from superlinear_ops.tuner.bench import lower_bound, sdpa_time
 from superlinear_ops.tuner.runner import ProblemBench, measure, run
 from superlinear_ops.tuner.workload import Case, load
@@ -65,8 +65,7 @@ def graph_replay_matches_eager(bench: ProblemBench, name: str) -> float:
     cache_position = torch.tensor([keys // 2], device=bench.device)
     mask = torch.zeros(problem.batch, keys, dtype=torch.bool, device=bench.device)
     mask[:, : keys // 2 + 1] = True
-    bf, ff, sp = problem.factors
-    settings = DecodeSettings(problem.sw_index, problem.spans, bf, ff, sp, problem.params)
+    settings = SpanSettings.of_problem(problem)
     call = lambda: variant.launch(x.q1, x.q, x.k, x.v, cache_position, mask, settings, config)  # noqa: E731
     for _ in range(2):
         call()

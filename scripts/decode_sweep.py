@@ -16,9 +16,9 @@ import torch
 from decode_compare import decode_cases, kernel_times
 
 from superlinear_ops.decode.grouped_kernels import grouped_decode_attention
-from superlinear_ops.decode.settings import DecodeSettings
 from superlinear_ops.decode.tables import decode_tables
 from superlinear_ops.registry import REGISTRY
+from superlinear_ops.settings import SpanSettings
 from superlinear_ops.tuner.bench import lower_bound, sdpa_time
 from superlinear_ops.tuner.runner import ProblemBench, measure
 
@@ -30,8 +30,7 @@ PDL = (False, True)
 def grouped_call(bench: ProblemBench, chunk: int | None, block_k: int, num_warps: int, num_stages: int, pdl: bool):
     """A closure running the grouped kernels on the bench's inputs with this configuration."""
     p, x = bench.problem, bench.inputs
-    bf, ff, sp = p.factors
-    settings = DecodeSettings(p.sw_index, p.spans, bf, ff, sp, p.params)
+    settings = SpanSettings.of_problem(p)
     tables = decode_tables(p.keys, settings, bench.device)
     return lambda: grouped_decode_attention(  # noqa: E731
         x.q1, x.q, x.k, x.v, x.cache_position, x.mask, tables.offsets, tables.back, tables.forward,

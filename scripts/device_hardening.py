@@ -21,11 +21,11 @@ if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
 from superlinear_ops import decode_span_attention_staged_gqa, fused_span_attention_gqa, geometry, superlinear_attention  # noqa: E402
-from superlinear_ops.decode.settings import DecodeSettings  # noqa: E402
 from superlinear_ops.kernels.launch import LaunchGeometry  # noqa: E402
 from superlinear_ops.problem import SPAN_BACKWARD, SPAN_FORWARD, STAGED_DECODE, Problem  # noqa: E402
 from superlinear_ops.reference import span_forward_reference  # noqa: E402
 from superlinear_ops.registry import REGISTRY  # noqa: E402
+from superlinear_ops.settings import SpanSettings  # noqa: E402
 
 DEVICE = torch.device("cuda" if torch.cuda.is_available() else "cpu")
 DTYPE = torch.bfloat16 if DEVICE.type == "cuda" else torch.float32
@@ -114,7 +114,7 @@ def check_decode_nan(seed: int) -> list[str]:
     kp[:, :, pos + 1:] = vp[:, :, pos + 1:] = float("nan")
     kc[:, :, pos + 1:] = vc[:, :, pos + 1:] = 0
     cp = torch.tensor([pos], device=DEVICE)
-    settings = DecodeSettings(SW_INDEX, 3, 3.0, 1.0, 0.55, POWER)
+    settings = SpanSettings(SW_INDEX, 3, 3.0, 1.0, 0.55, POWER)
     failures = []
     for masked in (False, True):
         mask = None

@@ -26,20 +26,20 @@ import triton
 from prefill_compare import bench, profile, time_few  # this folder's model-M comparison helpers
 
 from superlinear_ops import geometry, torch_ops
-from superlinear_ops.decode.settings import DecodeSettings
 from superlinear_ops.kernels.launch import KernelConfig
 from superlinear_ops.layer.attention import attention_layer, spans_of_anchors
 from superlinear_ops.layer.search import search_reference
 from superlinear_ops.layer.search_kernel import search_default, tiled_search
 from superlinear_ops.layer_api import superlinear_attention
 from superlinear_ops.reference import span_forward_reference
+from superlinear_ops.settings import SpanSettings
 
 HQ, HKV, D, TOPK = 32, 2, 128, 3
 SW_INDEX, POWER, SPAN_POWER, BF, FF = 65, 0.55, 0.55, 3.0, 1.0
 DEVICE = "cuda"
 PARAMS = geometry.power_params(search_power=POWER, inv_search_power_int=None)
 WINDOW = geometry.window_length(SW_INDEX, PARAMS)
-SETTINGS = DecodeSettings(SW_INDEX, TOPK, BF, FF, SPAN_POWER, PARAMS)
+SETTINGS = SpanSettings(SW_INDEX, TOPK, BF, FF, SPAN_POWER, PARAMS)
 ARGS = dict(sw_index=SW_INDEX, topk=TOPK, backward_factor=BF, forward_factor=FF, span_power=SPAN_POWER,
             search_power=POWER, inv_search_power_int=None)
 BANDWIDTH, BF16_FLOPS, FP32_FMA_FLOPS = 4.3e12, 790e12, 67e12

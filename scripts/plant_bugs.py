@@ -24,7 +24,7 @@ F = "superlinear_ops/kernels/span_forward.py"
 B = "superlinear_ops/kernels/span_backward.py"
 C = "superlinear_ops/kernels/common.py"
 DEC = "superlinear_ops/decode/staged.py"
-GATE = "superlinear_ops/decode/settings.py"
+GATE = "superlinear_ops/decode/gate.py"
 G = "superlinear_ops/decode/grouped_kernels.py"
 S = "superlinear_ops/decode/search_kernel.py"
 SPLIT = "superlinear_ops/decode/split_window_kernels.py"
@@ -38,7 +38,9 @@ LSK = "superlinear_ops/layer/search_kernel.py"
 LSR = "superlinear_ops/layer/search.py"
 LATT = "superlinear_ops/layer/attention.py"
 LGK = "superlinear_ops/layer/gate_kernel.py"
+LGO = "superlinear_ops/layer/gate_ops.py"
 LAYER = "tests/test_layer.py"
+GATES = "tests/test_gate_variants.py"
 FWD = f"{VARIANTS} -k span_forward"
 LAUNCH = "superlinear_ops/kernels/launch.py"
 WTB = "superlinear_ops/kernels/window_tc_backward.py"
@@ -87,7 +89,10 @@ PLANTS = {
     "layer search keeps the first slot only": (LSK, "take = is_worst & (best_key == worst_key[:, None])", "take = is_worst & (slot == 0)", LAYER),
     "layer reference search ties: the nearer stripe wins": (LSR, "order = torch.sort(scores.flip(-1), dim=-1, descending=True, stable=True).indices[..., : settings.topk]\n        best = torch.gather(scores.flip(-1), -1, order)\n        stripe = n_stripes - 1 - order", "order = torch.sort(scores, dim=-1, descending=True, stable=True).indices[..., : settings.topk]\n        best = torch.gather(scores, -1, order)\n        stripe = order", LAYER),
     "layer reference search drops the stripe at key 0": (LSR, "valid = (loc >= 0).expand(", "valid = (loc > 0).expand(", LAYER),
-    "layer gate: empty slots score +1e9": (LATT, "EMPTY_SCORE = -1e9", "EMPTY_SCORE = 1e9", LAYER),
+    "layer gate: empty slots score +1e9": (LGO, "EMPTY_SCORE = -1e9", "EMPTY_SCORE = 1e9", LAYER),
+    "layer gate kernels ignore the configured BLOCK_R": (LGK, "BLOCK_R=config.block_r,", "BLOCK_R=16,", GATES),
+    "layer gate dispatch ignores the tuned configuration": (LATT, "return selected.variant, selected.config", "return selected.variant, selected.variant.default(REGISTRY.spec(op).problem_of(*call))", GATES),
+    "layer gate ignores an explicit choice": (LATT, "    if choice is not None:\n        return choice\n", "", GATES),
     "layer gate (PyTorch path) softmax over the queries": (LATT, "gate = torch.softmax(scores, dim=-1)\n    return (gate", "gate = torch.softmax(scores, dim=2)\n    return (gate", LAYER),
     "layer gate (PyTorch path) backward drops the mean score": (LATT, "d_scores = gate * (s - (gate * s).sum(dim=-1, keepdim=True))", "d_scores = gate * s", LAYER),
     "layer gate kernel weights do not sum to 1": (LGK, "return e / tl.sum(e, axis=1)[:, None]", "return e / (tl.sum(e, axis=1)[:, None] + 0.01)", LAYER),

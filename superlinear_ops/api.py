@@ -8,7 +8,7 @@ arguments: ``validate`` (run the checks that read tensor values, see ``validatio
 Out-of-range values are clamped where the result stays exact, never rejected: a cache position
 past the keys (even past int32) acts as Lkv - 1 (SPEC: pos = min(cache_position, Lkv - 1)); a
 window longer than the keys covers them all, span lengths stop at the keys and topk stops at the
-number of stripes (extra slots would always be empty; ``search_settings``).
+number of stripes (extra slots would always be empty; ``SpanSettings.checked``).
 
 Empty inputs (B = 0 or Lq = 0) give an empty result connected to the inputs in autograd, as torch
 ops do. Decode has no backward kernel: when a gradient is required it runs the differentiable
@@ -21,8 +21,8 @@ from __future__ import annotations
 import torch
 
 from . import geometry, torch_ops, validation
-from .decode.settings import DecodeSettings
 from .kernels.launch import check_block_k
+from .settings import SpanSettings
 
 FORCE_MODES = (None, "sdpa", "span")
 
@@ -47,35 +47,6 @@ def empty_result(shape: tuple[int, ...], like: torch.Tensor, *inputs: torch.Tens
     if not requires_grad(*inputs):
         return out
     return out + sum(t.sum() * 0 for t in inputs)
-
-
-def search_settings(
-    key_length: int,
-    sw_index: int,
-    topk: int,
-    backward_factor: float,
-    forward_factor: float,
-    span_power: float,
-    search_power: float | None,
-    inv_search_power_int: int | None,
-) -> DecodeSettings:
-    """The checked scalar settings of a searching call (decode or the whole layer), built once from
-    the original's arguments (ValueError/TypeError naming the bad one). topk is clamped to the
-    number of stripes of ``key_length`` keys: exact (the extra slots would always be empty), and it
-    keeps every buffer sized by topk bounded by the keys."""
-    params = geometry.power_params(search_power=search_power, inv_search_power_int=inv_search_power_int)
-    sw_index = geometry.check_non_negative_int("sw_index", sw_index)
-    geometry.check_window_bound(sw_index, params)
-    settings = DecodeSettings(
-        sw_index, topk,
-        geometry.check_factor("backward_factor", backward_factor, allow_zero=True),
-        geometry.check_factor("forward_factor", forward_factor, allow_zero=True),
-        geometry.check_span_power(span_power),
-        params,
-    )
-    # Under torch.compile the custom ops clamp topk themselves (the same ``for_keys``): the exact
-    # stripe count is host geometry that dynamo cannot trace.
-    return settings if torch.compiler.is_compiling() else settings.for_keys(key_length)
 
 
 def _checked_block_k(block_k: int | None) -> int:
@@ -186,7 +157,7 @@ def decode_span_attention_staged_gqa(
         raise ValueError(f"force_mode must be one of {FORCE_MODES}, got {force_mode!r}")
     if not isinstance(enable_gqa, bool):
         raise TypeError(f"enable_gqa must be a bool, got {type(enable_gqa).__name__}")
-    settings = search_settings(
+    settings = SpanSettings.checked(
         K.shape[2], sw_index, topk, backward_factor, forward_factor, span_power, search_power, inv_search_power_int
     )
     block_k = _checked_block_k(block_k)
@@ -208,11 +179,7 @@ def decode_span_attention_staged_gqa(
     # Under torch.compile the custom op (with its fake implementation) is traced; eagerly its
     # implementation runs directly, without the custom-op wrapper's host overhead.
     op = torch_ops.staged_decode if torch.compiler.is_compiling() else torch_ops.staged_decode_eager
-    power = settings.params.arguments
-    return op(
-        Q1, Q2, K, V, cache_position, attention_mask, settings.sw_index, settings.topk, settings.backward_factor,
-        settings.forward_factor, settings.span_power, power["search_power"], power["inv_search_power_int"], block_k,
-    )
+    return op(Q1, Q2, K, V, cache_position, attention_mask, *settings.op_arguments(), block_k)
 
 
 def decode_span_attention_staged(

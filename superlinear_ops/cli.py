@@ -10,7 +10,8 @@ import sys
 from .devices import select_device
 
 DTYPES = ("float32", "bfloat16", "float16")
-OPS = ("span_forward", "span_backward", "staged_decode", "attention_layer")  # problem.OPS, for help without importing torch
+OPS = ("span_forward", "span_backward", "staged_decode", "attention_layer",  # problem.OPS, for help without importing torch
+       "gate_scores", "gate_scores_backward", "gate", "gate_backward")
 ARCHS = ("sm_80", "sm_86", "sm_89", "sm_90", "sm_100", "sm_120")  # arch_check.ARCH_LIMITS
 
 
@@ -50,12 +51,12 @@ def _problem_from_args(args: argparse.Namespace):
     params = geometry.power_params(search_power=search_power, inv_search_power_int=args.inv_search_power_int)
     spec = REGISTRY.spec(args.op)  # ValueError naming the known ops
     factors = (args.backward_factor, args.forward_factor, args.span_power) if spec.searching else ()
-    return Problem(
+    return spec.canonical(Problem(
         op=args.op, dtype=args.dtype, head_dim=args.head_dim, q_heads=args.q_heads, kv_heads=args.kv_heads,
         spans=args.spans, queries=1 if spec.single_query else args.queries, keys=args.keys,
         batch=args.batch, masked=args.mask, sw_index=args.sw_index, power=params.label,
         device=_device(args), factors=factors,
-    )
+    ))
 
 
 def _device(args: argparse.Namespace):
@@ -87,20 +88,29 @@ def _arch_lines(explanation, problem) -> list[str]:
     return lines
 
 
-def _explain(args: argparse.Namespace) -> int:
+def _explanation_lines(problem) -> list[str]:
+    """``explain`` of ``problem``, then of each part its op runs with (the layer's span attention,
+    gate scores and gate), indented under the part's name."""
     from .dispatch import explain
+    from .registry import REGISTRY
 
+    explanation = explain(problem)
+    lines = [explanation.text(), *_arch_lines(explanation, problem)]
+    for name, part in REGISTRY.spec(problem.op).parts(problem).items():
+        lines.append(f"part {name} ({part.op}):")
+        lines.extend(f"    {line}" for text in _explanation_lines(part) for line in text.splitlines())
+    return lines
+
+
+def _explain(args: argparse.Namespace) -> int:
     if args.workload is None:
-        problem = _problem_from_args(args)
-        explanation = explain(problem)
-        print("\n".join([explanation.text(), *_arch_lines(explanation, problem)]))
+        print("\n".join(_explanation_lines(_problem_from_args(args))))
         return 0
     from .tuner.workload import load
 
     for case in load(args.workload).cases(_device(args)):
-        explanation = explain(case.problem)
         print(f"== {case.label}")
-        print("\n".join([explanation.text(), *_arch_lines(explanation, case.problem)]))
+        print("\n".join(_explanation_lines(case.problem)))
     return 0
 
 

@@ -14,8 +14,9 @@ from __future__ import annotations
 import torch
 
 from . import torch_ops, validation
-from .api import clamped_positions, empty_result, search_settings
+from .api import clamped_positions, empty_result
 from .layer.attention import attention_layer
+from .settings import SpanSettings
 
 
 def superlinear_attention(
@@ -43,7 +44,7 @@ def superlinear_attention(
     (through the gate), Q2, K and V. ``validate`` also runs the checks that read tensor values.
     """
     validation.check_layer_inputs(Q1, Q2, K, V, cache_position, attention_mask, topk)
-    settings = search_settings(
+    settings = SpanSettings.checked(
         K.shape[2], sw_index, topk, backward_factor, forward_factor, span_power, search_power, inv_search_power_int
     )
     if validation.validation_requested(validate) and bool((cache_position < 0).any()):
@@ -51,11 +52,8 @@ def superlinear_attention(
     if Q2.numel() == 0:
         return empty_result(Q2.shape, Q2, Q1, Q2, K, V)
     positions = clamped_positions(cache_position, K.shape[2])
+    anchors = torch_ops.layer_search(Q1, K, positions, attention_mask, *settings.op_arguments())
     power = settings.params.arguments
-    anchors = torch_ops.layer_search(
-        Q1, K, positions, attention_mask, settings.sw_index, settings.topk, settings.backward_factor,
-        settings.forward_factor, settings.span_power, power["search_power"], power["inv_search_power_int"],
-    )
 
     def span_attention(qstart: torch.Tensor, qend: torch.Tensor) -> torch.Tensor:
         return torch_ops.span_forward(

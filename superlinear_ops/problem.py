@@ -14,13 +14,15 @@ from typing import NamedTuple
 import torch
 
 from . import geometry
+from .layer.gate_ops import GATE, GATE_BACKWARD, GATE_SCORES, GATE_SCORES_BACKWARD
 from .registry import REGISTRY
 
 SPAN_FORWARD = "span_forward"
 SPAN_BACKWARD = "span_backward"
 STAGED_DECODE = "staged_decode"
 ATTENTION_LAYER = "attention_layer"
-OPS = (SPAN_FORWARD, SPAN_BACKWARD, STAGED_DECODE, ATTENTION_LAYER)  # the library's own (REGISTRY.ops: all declared)
+OPS = (SPAN_FORWARD, SPAN_BACKWARD, STAGED_DECODE, ATTENTION_LAYER,  # the library's own (REGISTRY.ops: all declared)
+       GATE_SCORES, GATE_SCORES_BACKWARD, GATE, GATE_BACKWARD)
 _DTYPE_NAMES = {dt: str(dt).removeprefix("torch.") for dt in (torch.float16, torch.bfloat16, torch.float32, torch.float64)}
 MAX_HEAD_DIM = 256
 DECODE_FACTORS = ("backward_factor", "forward_factor", "span_power")

@@ -13,21 +13,21 @@ import torch
 from torch import Tensor
 
 from . import dispatch, geometry
-from .decode.settings import DecodeSettings
 from .kernels.launch import LaunchGeometry
 from .layer.attention import gate_backward, gate_forward, gate_scores_backward, gate_scores_forward, spans_of_anchors
 from .problem import SPAN_BACKWARD, SPAN_FORWARD, STAGED_DECODE, Problem
 from .registry import REGISTRY
+from .settings import SpanSettings
 
 NAMESPACE = "superlinear_ops"
 
 
-def _settings(search_power: float | None, inv_search_power_int: int | None) -> geometry.PowerParams:
+def _power_params(search_power: float | None, inv_search_power_int: int | None) -> geometry.PowerParams:
     return geometry.power_params(search_power=search_power, inv_search_power_int=inv_search_power_int)
 
 
 def _span_call(op, q, k, v, qstart, qend, cache_position, attention_mask, sw_index, search_power, inv_power, block_k):
-    params = _settings(search_power, inv_power)
+    params = _power_params(search_power, inv_power)
     problem = Problem.for_span(op, q, k, qstart.shape[-1], attention_mask is not None, sw_index, params.label)
     choice = dispatch.select(problem, block_k or None)
     window = geometry.window_length(sw_index, params)
@@ -145,13 +145,13 @@ def staged_decode_eager(
     position matters; every variant treats a negative one (which only ``validate=True`` rejects)
     as 0, so that it can never index outside the geometry tables.
     """
-    params = _settings(search_power, inv_search_power_int)
-    settings = DecodeSettings(sw_index, topk, backward_factor, forward_factor, span_power, params)
+    settings = SpanSettings.from_op_arguments(sw_index, topk, backward_factor, forward_factor, span_power, search_power,
+                                              inv_search_power_int)
     choice = dispatch.select(_decode_problem(q2, k, attention_mask, settings), block_k or None)
     return choice.variant.launch(q1, q2, k, v, cache_position, attention_mask, settings, choice.config)
 
 
-def _decode_problem(q2: Tensor, k: Tensor, attention_mask: Tensor | None, settings: DecodeSettings) -> Problem:
+def _decode_problem(q2: Tensor, k: Tensor, attention_mask: Tensor | None, settings: SpanSettings) -> Problem:
     factors = (settings.backward_factor, settings.forward_factor, settings.span_power)
     return Problem.for_decode(q2, k, settings.topk, attention_mask is not None, settings.sw_index,
                               settings.params.label, factors)
@@ -164,7 +164,7 @@ def staged_decode_differentiable(
     v: Tensor,
     cache_position: Tensor,
     attention_mask: Tensor | None,
-    settings: DecodeSettings,
+    settings: SpanSettings,
 ) -> Tensor:
     """Staged decode [B, Hq, 1, D] by the op's reference variant (torch ops on any device),
     differentiable in Q1 (through the gate), Q2, K and V: the decode kernels have no backward, so a
@@ -198,11 +198,12 @@ def layer_search(
 ) -> Tensor:
     """The whole layer's anchors [B, Hq, Lq, topk] (int64, -1: empty slot) by the dispatcher's search
     variant (searched for at most as many slots as there are stripes; the rest stay empty)."""
-    params = _settings(search_power, inv_search_power_int)
+    settings = SpanSettings.from_op_arguments(sw_index, topk, backward_factor, forward_factor, span_power, search_power,
+                                              inv_search_power_int)
     factors = (backward_factor, forward_factor, span_power)
-    problem = Problem.for_layer(q1, k, topk, attention_mask is not None, sw_index, params.label, factors)
+    problem = Problem.for_layer(q1, k, topk, attention_mask is not None, sw_index, settings.params.label, factors)
     choice = dispatch.select(problem)
-    settings = DecodeSettings(sw_index, topk, backward_factor, forward_factor, span_power, params).for_keys(k.shape[2])
+    settings = settings.for_keys(k.shape[2])
     anchors = choice.variant.launch(q1, k, cache_position, attention_mask, settings, choice.config)
     return torch.nn.functional.pad(anchors, (0, topk - settings.topk), value=-1)
 
@@ -226,8 +227,8 @@ def layer_spans(
     inv_search_power_int: int | None,
 ) -> tuple[Tensor, Tensor]:
     """(qstart, qend) [B, Hq, Lq, topk] of the layer's anchors (-1 where the anchor is -1)."""
-    params = _settings(search_power, inv_search_power_int)
-    settings = DecodeSettings(sw_index, anchors.shape[-1], backward_factor, forward_factor, span_power, params)
+    settings = SpanSettings.from_op_arguments(sw_index, anchors.shape[-1], backward_factor, forward_factor, span_power,
+                                              search_power, inv_search_power_int)
     return spans_of_anchors(anchors, cache_position, key_length, attention_mask, settings)
 
 

@@ -96,9 +96,9 @@ def launch_variant(variant, inputs, backward_args=None, block_k: int | None = BL
     result (dQ, dK, dV); staged_decode: result out.
     """
     from superlinear_ops import geometry
-    from superlinear_ops.decode.settings import DecodeSettings
     from superlinear_ops.kernels.launch import LaunchGeometry
     from superlinear_ops.problem import Problem
+    from superlinear_ops.settings import SpanSettings
 
     if isinstance(inputs, DecodeInputs):
         p = inputs.params
@@ -118,7 +118,7 @@ def launch_variant(variant, inputs, backward_args=None, block_k: int | None = BL
         config = config.replace(block_k=block_k)
     with poisoned_allocations():
         if isinstance(inputs, DecodeInputs):
-            settings = DecodeSettings(p.sw_index, p.topk, p.backward_factor, p.forward_factor, p.span_power, params)
+            settings = SpanSettings(p.sw_index, p.topk, p.backward_factor, p.forward_factor, p.span_power, params)
             return variant.launch(inputs.q1, inputs.q2, inputs.k, inputs.v, inputs.cache_position, inputs.mask,
                                   settings, config), config
         geo = LaunchGeometry.prepare(inputs.q, inputs.k, inputs.v, inputs.qstart, inputs.qend, inputs.cache_position,

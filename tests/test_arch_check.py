@@ -21,7 +21,7 @@ from superlinear_ops.dispatch import Dispatcher, LayerAnswer, TunedChoice
 from superlinear_ops.kernels.launch import KernelConfig
 from superlinear_ops.problem import SPAN_FORWARD, DeviceIdentity, Problem
 from superlinear_ops.registry import REGISTRY
-from superlinear_ops.variants import SHARED_MEMORY_BYTES
+from superlinear_ops.variant_rules import SHARED_MEMORY_BYTES
 
 A100 = DeviceIdentity("NVIDIA A100", "sm_80", 108)
 FORWARD = REGISTRY.get("span_forward", "tc_tiles")

@@ -132,7 +132,12 @@ def test_explain_workload_explains_every_problem(capsys) -> None:
     text = capsys.readouterr().out
     labels = [c.label for c in load(quick).cases(device_identity(torch.device("cpu")))]
     assert [line[3:] for line in text.splitlines() if line.startswith("== ")] == labels
-    assert text.count("choice: ") == len(labels)
+    # One choice per problem, and one per part its op runs with (the layer's span attention and gates).
+    from superlinear_ops.registry import REGISTRY
+
+    cases = load(quick).cases(device_identity(torch.device("cpu")))
+    assert text.count("choice: ") == sum(1 + len(REGISTRY.spec(c.problem.op).parts(c.problem)) for c in cases)
+    assert text.count("part gate_scores (gate_scores):") == sum(c.problem.op == "attention_layer" for c in cases) > 0
 
 
 def test_cache_import_force_replaces_faster_entries(tmp_path) -> None:

@@ -13,11 +13,11 @@ from superlinear_ops import (
     fused_span_attention_gqa,
     geometry,
 )
-from superlinear_ops.decode import DecodeSettings
 from superlinear_ops.decode.tables import decode_tables
 from superlinear_ops.problem import STAGED_DECODE, Problem
 from superlinear_ops.reference import decode_reference
 from superlinear_ops.registry import REGISTRY
+from superlinear_ops.settings import SpanSettings
 
 INT2 = geometry.power_params(search_power=None, inv_search_power_int=2)
 DECODE = {"sw_index": 2, "topk": 2, "backward_factor": 2.0, "forward_factor": 1.0, "span_power": 0.5}
@@ -133,7 +133,7 @@ def test_oversized_decode_settings_are_clamped_exactly(settings) -> None:
     expected = _oracle(q1, q2, k, v, cp, **settings)
     out = decode_span_attention_staged_gqa(q1, q2, k, v, cp, **settings)
     torch.testing.assert_close(out, expected, rtol=1e-4, atol=1e-5)
-    decode = DecodeSettings(params=INT2, **settings)
+    decode = SpanSettings(params=INT2, **settings)
     bounded = decode.for_keys(64)
     assert bounded.topk <= 64 and decode.window_for(64) <= 64
     tables = decode_tables(64, bounded, torch.device("cpu"))

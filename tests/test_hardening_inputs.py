@@ -329,9 +329,9 @@ def test_tiny_span_power_is_refused_where_span_lengths_cannot_be_exact() -> None
 def test_huge_topk_is_clamped_to_the_stripes_before_anything_is_allocated() -> None:
     """topk 2**40 (the layer tried to allocate 562 TB, decode named 5.6e14 scores) and 10**7 (24.7 s
     on four keys): exact results at once, equal to topk = the number of stripes."""
-    from superlinear_ops.api import search_settings
+    from superlinear_ops.settings import SpanSettings
 
-    clamped = search_settings(40, 1, 2**40, 2.0, 0.0, 0.5, None, 2).topk
+    clamped = SpanSettings.checked(40, 1, 2**40, 2.0, 0.0, 0.5, None, 2).topk
     assert clamped == 5, f"topk 2**40 must be clamped to the 5 stripes of 40 keys (sw_index 1), got {clamped}"
     q1, q2, k, v, _ = _layer_inputs(9)
     cp = torch.arange(28, 40)

@@ -18,7 +18,6 @@ from superlinear_ops import (
     fused_span_attention_gqa,
     geometry,
 )
-from superlinear_ops.decode import DecodeSettings
 from superlinear_ops.kernels.launch import LaunchGeometry
 from superlinear_ops.problem import SPAN_BACKWARD, SPAN_FORWARD, STAGED_DECODE, Problem
 from superlinear_ops.reference import (
@@ -27,6 +26,7 @@ from superlinear_ops.reference import (
     span_forward_reference,
 )
 from superlinear_ops.registry import REGISTRY
+from superlinear_ops.settings import SpanSettings
 
 INT2 = geometry.power_params(search_power=None, inv_search_power_int=2)
 
@@ -200,7 +200,7 @@ def _decode_variants(q2, k, masked: bool) -> list:
 
 
 def _run_decode(variant, q1, q2, k, v, cp, mask):
-    settings = DecodeSettings(DECODE["sw_index"], DECODE["topk"], DECODE["backward_factor"],
+    settings = SpanSettings(DECODE["sw_index"], DECODE["topk"], DECODE["backward_factor"],
                               DECODE["forward_factor"], DECODE["span_power"], INT2)
     factors = (DECODE["backward_factor"], DECODE["forward_factor"], DECODE["span_power"])
     problem = Problem.for_decode(q2, k, DECODE["topk"], mask is not None, DECODE["sw_index"], INT2.label, factors)

@@ -18,12 +18,12 @@ import torch
 from helpers import GRADIENT_SPREAD, assert_close, laid_out, poisoned_allocations
 
 from superlinear_ops import geometry, layer_api, torch_ops
-from superlinear_ops.decode.settings import DecodeSettings
 from superlinear_ops.kernels.launch import KernelConfig
 from superlinear_ops.layer import search_kernel
 from superlinear_ops.layer.attention import attention_layer
 from superlinear_ops.problem import Problem
 from superlinear_ops.registry import REGISTRY
+from superlinear_ops.settings import SpanSettings
 
 INT2 = oracle.Power.of(inv_search_power_int=2)
 FLOAT55 = oracle.Power.of(search_power=0.55)
@@ -213,9 +213,9 @@ def api_kwargs(case: LayerCase) -> dict:
                 span_power=case.sp, **case.power.kwargs())
 
 
-def settings_of(case: LayerCase) -> DecodeSettings:
+def settings_of(case: LayerCase) -> SpanSettings:
     params = geometry.power_params(**case.power.kwargs())
-    return DecodeSettings(case.sw_index, case.topk, case.bf, case.ff, case.sp, params).for_keys(case.lkv)
+    return SpanSettings(case.sw_index, case.topk, case.bf, case.ff, case.sp, params).for_keys(case.lkv)
 
 
 def problem_of(case: LayerCase, x: LayerInputs) -> Problem:

@@ -5,10 +5,6 @@
   chunked span/window attention merged once per head with the gate (``split_window_kernels``);
 - ``grouped``: search and window once per KV group on tensor cores, spans in chunks, two launches
   (``grouped_kernels``).
-``settings`` holds what they share (the checked scalars and the gate), ``tables`` the exact integer
-tables they read on the device.
+``gate`` holds the gate they share, ``tables`` the exact integer tables they read on the device; their
+settings are ``superlinear_ops.settings.SpanSettings`` (the layer's and the tuner's too).
 """
-
-from .settings import DecodeSettings
-
-__all__ = ["DecodeSettings"]

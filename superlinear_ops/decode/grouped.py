@@ -6,7 +6,7 @@ from __future__ import annotations
 import torch
 
 from ..kernels.launch import KernelConfig
-from .settings import DecodeSettings
+from ..settings import SpanSettings
 from .tables import decode_tables
 
 
@@ -17,7 +17,7 @@ def grouped_decode(
     v: torch.Tensor,
     cache_position: torch.Tensor,
     attention_mask: torch.Tensor | None,
-    settings: DecodeSettings,
+    settings: SpanSettings,
     config: KernelConfig,
 ) -> torch.Tensor:
     """Decode output [B, Hq, 1, D] for validated inputs (two launches, no host synchronisation)."""

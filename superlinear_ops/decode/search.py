@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import torch
 
-from .settings import DecodeSettings
+from ..settings import SpanSettings
 from .tables import DecodeTables, decode_tables
 
 
@@ -14,7 +14,7 @@ def search_spans(
     k: torch.Tensor,
     cache_position: torch.Tensor,
     attention_mask: torch.Tensor | None,
-    settings: DecodeSettings,
+    settings: SpanSettings,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, DecodeTables]:
     """Steps 1-3 in one Triton kernel: (qstart, qend [B, Hq, 1, topk], chosen scores [B, Hq, topk], tables)."""
     from .search_kernel import stripe_search  # imports Triton on first use only

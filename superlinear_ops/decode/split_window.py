@@ -6,8 +6,8 @@ from __future__ import annotations
 import torch
 
 from ..kernels.launch import KernelConfig
+from ..settings import SpanSettings
 from .search import search_spans
-from .settings import DecodeSettings
 
 
 def split_window_decode(
@@ -17,7 +17,7 @@ def split_window_decode(
     v: torch.Tensor,
     cache_position: torch.Tensor,
     attention_mask: torch.Tensor | None,
-    settings: DecodeSettings,
+    settings: SpanSettings,
     config: KernelConfig,
 ) -> torch.Tensor:
     """Decode output [B, Hq, 1, D] for validated inputs."""

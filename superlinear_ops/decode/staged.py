@@ -12,7 +12,8 @@ import torch
 
 from .. import geometry
 from ..kernels.launch import LaunchGeometry
-from .settings import DecodeSettings, SpanForward, gate_and_combine
+from ..settings import SpanSettings
+from .gate import SpanForward, gate_and_combine
 
 
 def staged_decode(
@@ -22,7 +23,7 @@ def staged_decode(
     v: torch.Tensor,
     cache_position: torch.Tensor,
     attention_mask: torch.Tensor | None,
-    settings: DecodeSettings,
+    settings: SpanSettings,
     span_forward: SpanForward,
 ) -> torch.Tensor:
     """Decode output [B, Hq, 1, D] for validated inputs; ``span_forward`` runs step 4."""

@@ -8,7 +8,7 @@ from typing import NamedTuple
 import torch
 
 from .. import geometry
-from .settings import DecodeSettings
+from ..settings import SpanSettings
 
 
 class DecodeTables(NamedTuple):
@@ -21,7 +21,7 @@ class DecodeTables(NamedTuple):
 
 
 @functools.lru_cache(maxsize=256)
-def decode_tables(key_length: int, settings: DecodeSettings, device: torch.device) -> DecodeTables:
+def decode_tables(key_length: int, settings: SpanSettings, device: torch.device) -> DecodeTables:
     """The tables for caches of ``key_length`` keys (cached: a decode step builds nothing)."""
     back = geometry.span_length_table(settings.backward_factor, settings.span_power, key_length, device)
     forward = None

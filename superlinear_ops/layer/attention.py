@@ -7,23 +7,37 @@ recomputed here (``gate_scores``, with a hand-written backward) and the gate has
 (``gate_backward``). The short-prefix rule needs nothing extra: when t <= W no stripe precedes the
 window, every slot is empty, every O_j is the causal attention over [0, pos] and the uniform gate
 returns it. No host synchronisation.
+
+Each gate step is an op of the registry (``gate_ops``: gate scores, the gate, and their backwards)
+with two launchers here, the Triton kernels (``gate_kernel``) and the PyTorch path (the reference:
+CPU and float64); ``variants.py`` declares them. The step functions run the dispatcher's choice for
+the call's problem (its op spec's ``problem_of``), or an explicit (variant, configuration).
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import dataclass
 
 import torch
 
-from .. import geometry
-from ..decode.settings import DecodeSettings
-from ..kernels.launch import unit_stride
-from ..problem import device_identity
-
-EMPTY_SCORE = -1e9  # the gate score of an empty slot (SPEC section 7, step 4)
+from .. import dispatch, geometry
+from ..kernels.launch import KernelConfig
+from ..registry import REGISTRY, Variant
+from ..settings import SpanSettings
+from .gate_ops import EMPTY_SCORE, GATE, GATE_BACKWARD, GATE_SCORES, GATE_SCORES_BACKWARD
 
 # span_attention(qstart, qend) -> per-span outputs [B, Hq, Lq, K, D] (window included in each)
 SpanAttention = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
+Chosen = tuple[Variant, KernelConfig]  # an explicit choice: a gate op's variant and its configuration
+
+
+@dataclass(frozen=True)
+class GateChoices:
+    """Explicit choices for the layer's gate forward (the tuner's parts): the scores' and the gate's."""
+
+    scores: Chosen
+    gate: Chosen
 
 
 def spans_of_anchors(
@@ -31,7 +45,7 @@ def spans_of_anchors(
     cache_position: torch.Tensor,
     key_length: int,
     attention_mask: torch.Tensor | None,
-    settings: DecodeSettings,
+    settings: SpanSettings,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """(qstart, qend) [B, Hq, Lq, topk] of the anchors (step 2): -1 where the anchor is -1."""
     qstart = geometry.span_starts(
@@ -54,20 +68,18 @@ def _key_rows(k: torch.Tensor, anchors: torch.Tensor) -> tuple[torch.Tensor, tor
     return k.reshape(batch * hkv * lkv, -1), rows
 
 
-def _triton_serves(device: torch.device, dtype: torch.dtype) -> bool:
-    """Whether the Triton gate kernels serve: 16- or 32-bit data where Triton kernels run (a GPU, or
-    the interpreter); PyTorch serves the CPU reference and float64."""
-    identity = device_identity(device)
-    return dtype != torch.float64 and (identity.is_gpu or identity.interpreter)
+# --- launchers (the registry's signatures; variants.py declares them) ---------------------------
 
 
-def gate_scores_forward(q1: torch.Tensor, k: torch.Tensor, anchors: torch.Tensor) -> torch.Tensor:
-    """v_j = Q1[b, h, q] . K[b, kv(h), anchor_j] [B, Hq, Lq, topk], fp32 (float64 for float64 inputs),
-    EMPTY_SCORE where the anchor is -1."""
-    if _triton_serves(q1.device, q1.dtype):
-        from .gate_kernel import gate_scores_forward as kernel  # imports Triton on first use only
+def triton_gate_scores(q1: torch.Tensor, k: torch.Tensor, anchors: torch.Tensor, config: KernelConfig) -> torch.Tensor:
+    """The Triton gate scores, ``config.block_r`` rows per program."""
+    from .gate_kernel import gate_scores_forward  # imports Triton on first use only
 
-        return kernel(unit_stride(q1), unit_stride(k), anchors.contiguous())
+    return gate_scores_forward(q1, k, anchors, config)
+
+
+def torch_gate_scores(q1: torch.Tensor, k: torch.Tensor, anchors: torch.Tensor, config: KernelConfig) -> torch.Tensor:
+    """The PyTorch gate scores (nothing to configure): a gather of the anchors' key rows."""
     k_rows, rows = _key_rows(k, anchors)
     keys = k_rows.index_select(0, rows.reshape(-1)).view(*rows.shape, -1)  # [B, Hq, Lq, topk, D]
     cdt = torch.float64 if q1.dtype == torch.float64 else torch.float32
@@ -75,13 +87,17 @@ def gate_scores_forward(q1: torch.Tensor, k: torch.Tensor, anchors: torch.Tensor
     return torch.where(anchors >= 0, scores, torch.full_like(scores, EMPTY_SCORE))
 
 
-def gate_scores_backward(q1: torch.Tensor, k: torch.Tensor, anchors: torch.Tensor, grad: torch.Tensor):
-    """(dQ1, dK) of ``gate_scores_forward`` for ``grad`` [B, Hq, Lq, topk]: dQ1 = sum_j dv_j K[anchor_j]
-    and dK[anchor_j] += dv_j Q1 (fp32 atomics or index_add: many slots share a row)."""
-    if _triton_serves(q1.device, q1.dtype):
-        from .gate_kernel import gate_scores_backward as kernel
+def triton_gate_scores_backward(q1: torch.Tensor, k: torch.Tensor, anchors: torch.Tensor, grad: torch.Tensor,
+                                config: KernelConfig) -> tuple[torch.Tensor, torch.Tensor]:
+    """The Triton gate-score backward (dK by fp32 atomics)."""
+    from .gate_kernel import gate_scores_backward
 
-        return kernel(unit_stride(q1), unit_stride(k), anchors.contiguous(), grad.to(torch.float32).contiguous())
+    return gate_scores_backward(q1, k, anchors, grad, config)
+
+
+def torch_gate_scores_backward(q1: torch.Tensor, k: torch.Tensor, anchors: torch.Tensor, grad: torch.Tensor,
+                               config: KernelConfig) -> tuple[torch.Tensor, torch.Tensor]:
+    """The PyTorch gate-score backward (dK by index_add)."""
     k_rows, rows = _key_rows(k, anchors)
     used = (anchors >= 0)[..., None]
     # An empty slot's score is a constant: it passes no gradient, and reads neither its stand-in key
@@ -94,36 +110,83 @@ def gate_scores_backward(q1: torch.Tensor, k: torch.Tensor, anchors: torch.Tenso
     return d_q1, d_k.view(k.shape).to(k.dtype)
 
 
+def triton_gate(scores: torch.Tensor, span_out: torch.Tensor, dtype: torch.dtype, config: KernelConfig) -> torch.Tensor:
+    """The Triton gate, ``config.block_r`` rows per program."""
+    from .gate_kernel import gate_forward
+
+    return gate_forward(scores, span_out, dtype, config)
+
+
+def torch_gate(scores: torch.Tensor, span_out: torch.Tensor, dtype: torch.dtype, config: KernelConfig) -> torch.Tensor:
+    """The PyTorch gate (nothing to configure)."""
+    gate = torch.softmax(scores, dim=-1)
+    return (gate[..., None] * span_out.to(gate.dtype)).sum(dim=3).to(dtype)
+
+
+def triton_gate_backward(scores: torch.Tensor, span_out: torch.Tensor, grad: torch.Tensor,
+                         config: KernelConfig) -> tuple[torch.Tensor, torch.Tensor]:
+    """The Triton gate backward."""
+    from .gate_kernel import gate_backward
+
+    return gate_backward(scores, span_out, grad, config)
+
+
+def torch_gate_backward(scores: torch.Tensor, span_out: torch.Tensor, grad: torch.Tensor,
+                        config: KernelConfig) -> tuple[torch.Tensor, torch.Tensor]:
+    """The PyTorch gate backward."""
+    gate = torch.softmax(scores, dim=-1)
+    grad = grad.to(gate.dtype)
+    s = (grad[..., None, :] * span_out.to(gate.dtype)).sum(dim=-1)
+    d_scores = gate * (s - (gate * s).sum(dim=-1, keepdim=True))
+    return d_scores.to(scores.dtype), (gate[..., None] * grad[..., None, :]).to(span_out.dtype)
+
+
+# --- the gate steps: the dispatcher's choice, or an explicit one ---------------------------------
+
+
+def _chosen(op: str, choice: Chosen | None, *call: torch.Tensor) -> Chosen:
+    """``choice`` when given, else the dispatcher's for the problem of ``op``'s call on ``call``
+    (memoised per key: no host synchronisation, safe during CUDA graph capture)."""
+    if choice is not None:
+        return choice
+    selected = dispatch.select(REGISTRY.spec(op).problem_of(*call))
+    return selected.variant, selected.config
+
+
+def gate_scores_forward(q1: torch.Tensor, k: torch.Tensor, anchors: torch.Tensor, choice: Chosen | None = None) -> torch.Tensor:
+    """v_j = Q1[b, h, q] . K[b, kv(h), anchor_j] [B, Hq, Lq, topk], fp32 (float64 for float64 inputs),
+    EMPTY_SCORE where the anchor is -1."""
+    variant, config = _chosen(GATE_SCORES, choice, q1, k, anchors)
+    return variant.launch(q1, k, anchors, config)
+
+
+def gate_scores_backward(q1: torch.Tensor, k: torch.Tensor, anchors: torch.Tensor, grad: torch.Tensor,
+                         choice: Chosen | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """(dQ1, dK) of ``gate_scores_forward`` for ``grad`` [B, Hq, Lq, topk]: dQ1 = sum_j dv_j K[anchor_j]
+    and dK[anchor_j] += dv_j Q1 (many slots share a row); empty slots pass no gradient."""
+    variant, config = _chosen(GATE_SCORES_BACKWARD, choice, q1, k, anchors)
+    return variant.launch(q1, k, anchors, grad, config)
+
+
 def gate_scores(q1: torch.Tensor, k: torch.Tensor, anchors: torch.Tensor) -> torch.Tensor:
     """``gate_scores_forward`` as the custom op ``superlinear_ops::layer_gate_scores`` (``torch_ops``),
     differentiable in Q1 and K."""
     return torch.ops.superlinear_ops.layer_gate_scores(q1, k, anchors)
 
 
-def gate_forward(scores: torch.Tensor, span_out: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+def gate_forward(scores: torch.Tensor, span_out: torch.Tensor, dtype: torch.dtype, choice: Chosen | None = None) -> torch.Tensor:
     """O = sum_j softmax(scores)_j O_j [B, Hq, Lq, D] in ``dtype`` (step 4) for scores [B, Hq, Lq, topk]
-    and span outputs [B, Hq, Lq, topk, D]: the Triton gate (``gate_kernel``) where it serves, PyTorch
-    otherwise (the CPU and float64 path)."""
-    if scores.dtype == torch.float32 and _triton_serves(span_out.device, span_out.dtype):
-        from .gate_kernel import gate_forward as kernel  # imports Triton on first use only
-
-        return kernel(scores.contiguous(), span_out.contiguous(), dtype)
-    gate = torch.softmax(scores, dim=-1)
-    return (gate[..., None] * span_out.to(gate.dtype)).sum(dim=3).to(dtype)
+    and span outputs [B, Hq, Lq, topk, D]."""
+    variant, config = _chosen(GATE, choice, scores, span_out)
+    return variant.launch(scores, span_out, dtype, config)
 
 
-def gate_backward(scores: torch.Tensor, span_out: torch.Tensor, grad: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+def gate_backward(scores: torch.Tensor, span_out: torch.Tensor, grad: torch.Tensor,
+                  choice: Chosen | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """(d scores, d span outputs) of ``gate_forward`` for ``grad`` [B, Hq, Lq, D]: dO_j = g_j grad and
     dv_j = g_j (s_j - sum_k g_k s_k) with s_j = grad . O_j."""
-    if scores.dtype == torch.float32 and _triton_serves(span_out.device, span_out.dtype):
-        from .gate_kernel import gate_backward as kernel
-
-        return kernel(scores.contiguous(), span_out.contiguous(), grad.contiguous())
-    gate = torch.softmax(scores, dim=-1)
-    grad = grad.to(gate.dtype)
-    s = (grad[..., None, :] * span_out.to(gate.dtype)).sum(dim=-1)
-    d_scores = gate * (s - (gate * s).sum(dim=-1, keepdim=True))
-    return d_scores.to(scores.dtype), (gate[..., None] * grad[..., None, :]).to(span_out.dtype)
+    variant, config = _chosen(GATE_BACKWARD, choice, scores, span_out)
+    return variant.launch(scores, span_out, grad, config)
 
 
 def attention_layer(
@@ -132,17 +195,21 @@ def attention_layer(
     anchors: torch.Tensor,
     cache_position: torch.Tensor,
     attention_mask: torch.Tensor | None,
-    settings: DecodeSettings,
+    settings: SpanSettings,
     span_attention: SpanAttention,
     dtype: torch.dtype,
+    gates: GateChoices | None = None,
 ) -> torch.Tensor:
     """O [B, Hq, Lq, D] in ``dtype`` from the search's anchors [B, Hq, Lq, topk] (steps 2-5). The
     spans and the gate run as the custom ops ``superlinear_ops::layer_spans`` and ``::layer_gate``
-    (``torch_ops``), so that torch.compile traces the layer without entering the exact geometry."""
+    (``torch_ops``), so that torch.compile traces the layer without entering the exact geometry;
+    with ``gates`` (the tuner's explicit parts) the gate runs those choices, forward only (no autograd)."""
     power = settings.params.arguments
     qstart, qend = torch.ops.superlinear_ops.layer_spans(
         anchors, cache_position, attention_mask, k.shape[2], settings.sw_index, settings.backward_factor,
         settings.forward_factor, settings.span_power, power["search_power"], power["inv_search_power_int"],
     )
     span_out = span_attention(qstart, qend)  # [B, Hq, Lq, topk, D]
+    if gates is not None:
+        return gate_forward(gate_scores_forward(q1, k, anchors, gates.scores), span_out, dtype, gates.gate)
     return torch.ops.superlinear_ops.layer_gate(gate_scores(q1, k, anchors), span_out, dtype)

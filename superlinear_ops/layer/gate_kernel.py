@@ -1,7 +1,8 @@
 """The layer's gate in Triton (SPEC section 7, step 4), forward and backward, in place of chains of
 PyTorch gathers, elementwise ops and reductions over [B, Hq, Lq, topk, D] fp32 temporaries.
 
-Rows are (b, h, q); ``BLOCK_R`` rows per program.
+Rows are (b, h, q); ``BLOCK_R`` rows per program, on ``num_warps`` warps: both come from the
+variant's configuration (``variants.py``: the ``row_blocks`` variants of the gate ops).
 - Gate scores: v_j = Q1 . K[anchor_j] in fp32 (EMPTY_SCORE for an empty slot); backward
   dQ1 = sum_j dv_j K[anchor_j], and dK[anchor_j] += dv_j Q1 by fp32 atomics.
 - Gate: out = sum_j g_j O_j with g = softmax(v) in fp32; backward, for dOut: dO_j = g_j dOut and
@@ -10,14 +11,16 @@ Rows are (b, h, q); ``BLOCK_R`` rows per program.
 
 from __future__ import annotations
 
+import functools
+
 import torch
 import triton
 import triton.language as tl
 
 from ..buckets import next_power_of_two
-from .attention import EMPTY_SCORE as EMPTY_SLOT_SCORE
+from ..kernels.launch import KernelConfig, unit_stride
+from .gate_ops import EMPTY_SCORE as EMPTY_SLOT_SCORE
 
-BLOCK_R = 16
 EMPTY_SCORE = tl.constexpr(EMPTY_SLOT_SCORE)
 
 
@@ -126,60 +129,66 @@ def gate_backward_kernel(V_ptr, O_ptr, dOut_ptr, dO_ptr, dV_ptr, N_ROWS, D_HEAD:
     tl.store(dV_ptr + rows[:, None] * TOPK + slots, d_v, mask=row_ok[:, None] & (slots < TOPK))
 
 
-def _launch(kernel, scores: torch.Tensor, span_out: torch.Tensor, *tensors: torch.Tensor) -> None:
+def _rows_launch(kernel, rows: int, config: KernelConfig):
+    """``kernel`` over ``rows`` rows: ``config.block_r`` rows per program, on ``config.num_warps`` warps."""
+    grid = (triton.cdiv(rows, config.block_r),)
+    return functools.partial(kernel[grid], BLOCK_R=config.block_r, num_warps=config.num_warps)
+
+
+def _gate_launch(kernel, config: KernelConfig, scores: torch.Tensor, span_out: torch.Tensor, *tensors: torch.Tensor) -> None:
     rows, topk = scores.numel() // scores.shape[-1], scores.shape[-1]
     dim = span_out.shape[-1]
-    kernel[(triton.cdiv(rows, BLOCK_R),)](
+    _rows_launch(kernel, rows, config)(
         scores, span_out, *tensors, rows, D_HEAD=dim, TOPK=topk, TOPK_PAD=next_power_of_two(topk),
-        BLOCK_D=next_power_of_two(dim), BLOCK_R=BLOCK_R,
+        BLOCK_D=next_power_of_two(dim),
     )
 
 
-def gate_forward(scores: torch.Tensor, span_out: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
-    """out [B, Hq, Lq, D] in ``dtype`` from contiguous scores [B, Hq, Lq, topk] fp32 and span outputs
+def gate_forward(scores: torch.Tensor, span_out: torch.Tensor, dtype: torch.dtype, config: KernelConfig) -> torch.Tensor:
+    """out [B, Hq, Lq, D] in ``dtype`` from scores [B, Hq, Lq, topk] (read as fp32) and span outputs
     [B, Hq, Lq, topk, D]."""
     out = torch.empty(span_out.shape[:-2] + span_out.shape[-1:], dtype=dtype, device=span_out.device)
     if out.numel():
-        _launch(gate_forward_kernel, scores, span_out, out)
+        _gate_launch(gate_forward_kernel, config, scores.float().contiguous(), span_out.contiguous(), out)
     return out
 
 
-def gate_backward(scores: torch.Tensor, span_out: torch.Tensor, grad_out: torch.Tensor):
-    """(d scores fp32, d span outputs in their dtype) for contiguous inputs and grad_out [B, Hq, Lq, D]."""
+def gate_backward(scores: torch.Tensor, span_out: torch.Tensor, grad_out: torch.Tensor, config: KernelConfig):
+    """(d scores in the scores' dtype, d span outputs in their dtype) for grad_out [B, Hq, Lq, D]."""
+    span_out = span_out.contiguous()
     d_span_out = torch.empty_like(span_out)
-    d_scores = torch.empty_like(scores)
+    d_scores = torch.empty(scores.shape, dtype=torch.float32, device=scores.device)
     if d_scores.numel():
-        _launch(gate_backward_kernel, scores, span_out, grad_out, d_span_out, d_scores)
-    return d_scores, d_span_out
+        _gate_launch(gate_backward_kernel, config, scores.float().contiguous(), span_out, grad_out.contiguous(),
+                     d_span_out, d_scores)
+    return d_scores.to(scores.dtype), d_span_out
 
 
-def _score_grid(anchors: torch.Tensor) -> tuple[int]:
-    return (triton.cdiv(anchors.numel() // anchors.shape[-1], BLOCK_R),)
-
-
-def gate_scores_forward(q1: torch.Tensor, k: torch.Tensor, anchors: torch.Tensor) -> torch.Tensor:
-    """v [B, Hq, Lq, topk] fp32 for Q1 [B, Hq, Lq, D] and K [B, Hkv, Lkv, D] with unit D strides and
-    contiguous int64 anchors."""
+def gate_scores_forward(q1: torch.Tensor, k: torch.Tensor, anchors: torch.Tensor, config: KernelConfig) -> torch.Tensor:
+    """v [B, Hq, Lq, topk] fp32 for Q1 [B, Hq, Lq, D], K [B, Hkv, Lkv, D] and int64 anchors."""
+    q1, k, anchors = unit_stride(q1), unit_stride(k), anchors.contiguous()
     scores = torch.empty(anchors.shape, dtype=torch.float32, device=anchors.device)
     if scores.numel():
         batch, hq, lq, topk = anchors.shape
-        gate_scores_kernel[_score_grid(anchors)](
+        _rows_launch(gate_scores_kernel, scores.numel() // topk, config)(
             q1, k, anchors, scores, *q1.stride()[:3], *k.stride()[:3], scores.numel() // topk, hq, lq, hq // k.shape[1],
-            D_HEAD=q1.shape[-1], TOPK=topk, BLOCK_D=next_power_of_two(q1.shape[-1]), BLOCK_R=BLOCK_R,
+            D_HEAD=q1.shape[-1], TOPK=topk, BLOCK_D=next_power_of_two(q1.shape[-1]),
         )
     return scores
 
 
-def gate_scores_backward(q1: torch.Tensor, k: torch.Tensor, anchors: torch.Tensor, grad: torch.Tensor):
-    """(dQ1 in Q1's dtype, dK in K's dtype) of ``gate_scores_forward`` for contiguous fp32 ``grad``."""
+def gate_scores_backward(q1: torch.Tensor, k: torch.Tensor, anchors: torch.Tensor, grad: torch.Tensor,
+                         config: KernelConfig):
+    """(dQ1 in Q1's dtype, dK in K's dtype) of ``gate_scores_forward`` for ``grad`` (read as fp32)."""
+    q1, k, anchors, grad = unit_stride(q1), unit_stride(k), anchors.contiguous(), grad.to(torch.float32).contiguous()
     d_q1 = torch.empty(q1.shape, dtype=q1.dtype, device=q1.device)
     d_k = torch.zeros(k.shape, dtype=torch.float32, device=k.device)
     if anchors.numel():
         batch, hq, lq, topk = anchors.shape
-        gate_scores_backward_kernel[_score_grid(anchors)](
+        _rows_launch(gate_scores_backward_kernel, anchors.numel() // topk, config)(
             q1, k, anchors, grad, d_q1, d_k, *q1.stride()[:3], *k.stride()[:3], anchors.numel() // topk, hq, lq,
             hq // k.shape[1], k.shape[1], k.shape[2],
-            D_HEAD=q1.shape[-1], TOPK=topk, BLOCK_D=next_power_of_two(q1.shape[-1]), BLOCK_R=BLOCK_R,
+            D_HEAD=q1.shape[-1], TOPK=topk, BLOCK_D=next_power_of_two(q1.shape[-1]),
         )
     else:
         d_q1.zero_()

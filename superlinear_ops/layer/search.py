@@ -10,13 +10,13 @@ from __future__ import annotations
 import torch
 
 from .. import geometry
-from ..decode.settings import DecodeSettings
 from ..kernels.launch import KernelConfig
+from ..settings import SpanSettings
 
 SCORE_CHUNK_BYTES = 1 << 28  # gathered stripe keys held at once
 
 
-def stripe_offsets_and_lengths(cache_position: torch.Tensor, key_length: int, settings: DecodeSettings):
+def stripe_offsets_and_lengths(cache_position: torch.Tensor, key_length: int, settings: SpanSettings):
     """(offsets [S], t [Lq]): the stripe offsets floor(i ** inv_p) for i = sw_index + 1 .. S in
     increasing order (sized from the keys, never from the data) and each query's t = pos + 1;
     stripe i's key for a query is t - offsets[i]."""
@@ -29,7 +29,7 @@ def search_reference(
     k: torch.Tensor,
     cache_position: torch.Tensor,
     attention_mask: torch.Tensor | None,
-    settings: DecodeSettings,
+    settings: SpanSettings,
     config: KernelConfig,
 ) -> torch.Tensor:
     """Anchors [B, Hq, Lq, topk]: the best ``topk`` valid stripes by Q1 . K (fp32, float64 for

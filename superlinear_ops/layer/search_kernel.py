@@ -22,9 +22,9 @@ import triton
 import triton.language as tl
 
 from ..buckets import next_power_of_two
-from ..decode.settings import DecodeSettings
 from ..kernels.common import tc_dot
 from ..kernels.launch import KernelConfig, check_tile_config, mask_bytes, unit_stride
+from ..settings import SpanSettings
 from .search import stripe_offsets_and_lengths
 
 SEARCH_TUNABLES = ("block_q", "block_h", "num_warps", "num_stages")
@@ -118,7 +118,7 @@ def tiled_search(
     k: torch.Tensor,
     cache_position: torch.Tensor,
     attention_mask: torch.Tensor | None,
-    settings: DecodeSettings,
+    settings: SpanSettings,
     config: KernelConfig,
 ) -> torch.Tensor:
     """Anchors [B, Hq, Lq, topk] (int64, -1: empty slot) for validated inputs (see the module docstring)."""

@@ -1,8 +1,9 @@
 """``attention_layer``: the whole layer (search, spans, span + window attention, gate; SPEC section 7).
 
-Its variants are the search's; the layer's other parts run with the configurations the bench
-resolved for them (``parts``), so that a tuned search entry does not depend on whatever cache the
-dispatcher had loaded while tuning.
+Its variants are the search's; the layer's other parts (the span attention, the gate scores and the
+gate) run with the configurations the bench resolved for them (``parts``), so that a tuned search
+entry does not depend on whatever cache the dispatcher had loaded while tuning; at every part's
+reference (``runner.reference_parts``) the whole layer is PyTorch in float64.
 """
 
 from __future__ import annotations
@@ -11,13 +12,15 @@ import torch
 
 from .. import geometry
 from ..kernels.launch import LaunchGeometry
-from ..layer.attention import attention_layer
+from ..layer.attention import GateChoices, attention_layer
+from ..layer.gate_ops import GATE, GATE_SCORES
 from ..problem import ATTENTION_LAYER, SPAN_FORWARD, Problem
+from ..registry import REGISTRY
+from ..settings import SpanSettings
 from .inputs import Inputs
 from .spec import OpSpec, Parts, zero_inputs
-from .staged_decode import settings_of
 
-SPAN = "span"
+SPAN, SCORES, GATE_PART = "span", "gate_scores", "gate"  # the parts: span attention, gate scores, gate
 
 
 class AttentionLayer(OpSpec):
@@ -28,10 +31,15 @@ class AttentionLayer(OpSpec):
     near_ties = True
 
     def parts(self, problem: Problem) -> dict[str, Problem]:
-        return {SPAN: problem._replace(op=SPAN_FORWARD, factors=())}
+        return {SPAN: problem._replace(op=SPAN_FORWARD, factors=()), SCORES: REGISTRY.spec(GATE_SCORES).canonical(problem),
+                GATE_PART: REGISTRY.spec(GATE).canonical(problem)}
+
+    def companions(self, problem: Problem) -> dict[str, Problem]:
+        """The gate parts: tuned with the layer (the span part's problems come from the span ops' kinds)."""
+        return {name: part for name, part in self.parts(problem).items() if name != SPAN}
 
     def run(self, variant, config, problem: Problem, x: Inputs, parts: Parts):
-        settings = settings_of(problem).for_keys(problem.keys)
+        settings = SpanSettings.of_problem(problem).for_keys(problem.keys)
         anchors = variant.launch(x.q1, x.k, x.cache_position, x.mask, settings, config)
         span, span_config = parts[SPAN]
 
@@ -39,7 +47,8 @@ class AttentionLayer(OpSpec):
             geo = LaunchGeometry.prepare(x.q, x.k, x.v, qstart, qend, x.cache_position, x.mask, problem.window)
             return span.launch(geo, span_config)[0]
 
-        return (attention_layer(x.q1, x.k, anchors, x.cache_position, x.mask, settings, span_attention, x.q.dtype),)
+        gates = GateChoices(parts[SCORES], parts[GATE_PART])
+        return (attention_layer(x.q1, x.k, anchors, x.cache_position, x.mask, settings, span_attention, x.q.dtype, gates),)
 
     def traffic(self, case) -> tuple[float, float]:
         """The span attention's, plus the search: one stripe key per (query head, query, stripe), and Q1."""

@@ -27,6 +27,11 @@ class Inputs:
     q1: torch.Tensor
     grad_out: torch.Tensor | None = None
 
+    @property
+    def device(self) -> torch.device:
+        """Where the inputs live (the device the tuner synchronises)."""
+        return self.k.device
+
     def cast(self, dtype: torch.dtype) -> "Inputs":
         """The same inputs with the floating tensors in ``dtype``."""
         f = lambda t: None if t is None else t.to(dtype)  # noqa: E731

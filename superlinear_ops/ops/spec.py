@@ -6,7 +6,9 @@ branches on an op's name. A spec gives, for its op:
 - what its problems look like: ``searching`` (span lengths come from the search's factors),
   ``single_query`` (one query per call), and ``check`` for further rules;
 - the other ops a candidate runs with (``parts``: the forward behind a backward, the span attention
-  inside the layer), which the bench resolves once to explicit configurations;
+  and the gate inside the layer), which the bench resolves once to explicit configurations, and
+  those a workload tunes with it (``companions``: the layer's gate ops);
+- ``canonical``: a problem as its op's, with the fields the op does not see fixed;
 - its inputs for tuning and checking (``inputs``, ``variations``), one launch signature for all its
   variants (``run``), its tolerance against the float64 reference, its cost model (``traffic``:
   bytes and FLOPs for the lower bound), its dense-attention comparator (``dense``) and its warm-up.
@@ -89,8 +91,17 @@ class OpSpec:
     def check(self, problem: Problem) -> None:
         """Raise ValueError naming the field when ``problem`` breaks a rule of this op."""
 
+    def canonical(self, problem: Problem) -> Problem:
+        """``problem`` as this op's problem: fields the op does not see fixed (a hand-written or
+        workload problem then has the key its calls look up)."""
+        return problem._replace(op=self.name)
+
     def parts(self, problem: Problem) -> dict[str, Problem]:
         """The other ops a candidate of ``problem`` runs with, by part name (resolved once, explicitly)."""
+        return {}
+
+    def companions(self, problem: Problem) -> dict[str, Problem]:
+        """The problems of other ops a workload tunes along with ``problem`` (by part name)."""
         return {}
 
     def inputs(self, case: Case, device: torch.device, gen: torch.Generator, queries: int, keys: int) -> Inputs:

@@ -9,16 +9,10 @@ import torch
 import torch.nn.functional as F
 
 from .. import geometry
-from ..decode.settings import DecodeSettings
 from ..problem import STAGED_DECODE, Problem
+from ..settings import SpanSettings
 from .inputs import Inputs, decode_mask, random_inputs
 from .spec import DenseCalls, OpSpec, grouped_heads, span_length, zero_inputs
-
-
-def settings_of(problem: Problem) -> DecodeSettings:
-    """The search settings of a searching problem (its window, topk, factors and power)."""
-    bf, ff, sp = problem.factors
-    return DecodeSettings(problem.sw_index, problem.spans, bf, ff, sp, problem.params)
 
 
 def decode_step(case, x: Inputs, fill: int | None, mask_kind: str | None, gen: torch.Generator) -> Inputs:
@@ -52,7 +46,7 @@ class StagedDecode(OpSpec):
         return [decode_step(case, x, fill, kind, gen) for fill, kind in pairs]
 
     def run(self, variant, config, problem, x: Inputs, parts):
-        return (variant.launch(x.q1, x.q, x.k, x.v, x.cache_position, x.mask, settings_of(problem), config),)
+        return (variant.launch(x.q1, x.q, x.k, x.v, x.cache_position, x.mask, SpanSettings.of_problem(problem), config),)
 
     def traffic(self, case) -> tuple[float, float]:
         """The mean over the fills the case is timed at: window and spans per KV head, one stripe key

@@ -142,8 +142,8 @@ def _prefilled_run(variant: Variant, config: KernelConfig, problem: Problem, x: 
     def call():
         with nan_prefilled():
             outputs = run(variant, config, problem, x, parts)
-        if x.k.is_cuda:
-            torch.cuda.synchronize(x.k.device)  # an asynchronous fault shows here, as this candidate's
+        if x.device.type == "cuda":
+            torch.cuda.synchronize(x.device)  # an asynchronous fault shows here, as this candidate's
         return outputs
     return _guard(call, what)
 

@@ -155,12 +155,14 @@ class Workload:
                 problem = Problem(ATTENTION_LAYER, spans=s["topk"], queries=queries, keys=keys, masked=False,
                                   factors=factors, **common)
                 cases.append(Case(label, problem, factors))
+                cases.extend(Case(f"{label}: {name}", part, factors)
+                             for name, part in REGISTRY.spec(ATTENTION_LAYER).companions(problem).items())
             elif kind == "op":
                 spec = REGISTRY.spec(sizes["name"])
                 queries = 1 if spec.single_query else sizes["queries"]
-                problem = Problem(spec.name, spans=s["topk"], queries=queries, keys=sizes["keys"], masked=False,
-                                  factors=factors if spec.searching else (),
-                                  **{**common, "batch": sizes.get("batch", common["batch"])})
+                problem = spec.canonical(Problem(spec.name, spans=s["topk"], queries=queries, keys=sizes["keys"], masked=False,
+                                                 factors=factors if spec.searching else (),
+                                                 **{**common, "batch": sizes.get("batch", common["batch"])}))
                 cases.append(Case(f"{spec.name} {queries} over {sizes['keys']}", problem, factors))
             elif kind == "prefill":
                 keys = sizes["prefix"] + sizes["chunk"]

@@ -1,0 +1,243 @@
+"""When each variant applies, its static configuration checks and its heuristic defaults: the rules
+``variants.py`` declares its variants with. They read only what a problem's key holds (bucketed
+sizes: the dispatcher hands them the key's problem), so every problem of one bucket gets the same
+answer. None of this is launched, so none of it enters a variant's code hash.
+"""
+
+from __future__ import annotations
+
+from . import geometry
+from .arch_check import compiled_part_reason
+from .buckets import next_power_of_two
+from .kernels.launch import KernelConfig
+from .problem import SPAN_BACKWARD, SPAN_FORWARD, Problem
+
+MAX_VALUES_PER_THREAD = 256  # fp32 tile values per thread above which kernels spill
+SPLIT_DKV_BUDGET_BYTES = 16 << 30
+REFERENCE_SCORE_BUDGET = 1 << 31  # scores the reference may materialise
+SHARED_MEMORY_BYTES = {  # per thread block, by compute capability
+    "sm_90": 232448, "sm_100": 232448, "sm_120": 101376, "sm_80": 166912, "sm_87": 166912,
+    "sm_86": 101376, "sm_89": 101376, "sm_75": 65536, "sm_70": 98304,
+}
+DEFAULT_SHARED_MEMORY_BYTES = 49152
+
+
+MAX_TC_VALUES_PER_THREAD = 160  # fp32 accumulator + score values per thread of a tensor-core tile
+
+
+# --- when Triton variants apply ---------------------------------------------------------------
+
+
+def triton_reasons(problem: Problem) -> list[str]:
+    """Why the Triton kernels cannot serve ``problem`` (empty when they can)."""
+    reasons = []
+    if not problem.device.is_gpu and not problem.device.interpreter:
+        reasons.append("CPU tensors without TRITON_INTERPRET=1 run the PyTorch reference")
+    if problem.dtype == "float64":
+        reasons.append("float64 inputs: the Triton kernels accumulate in fp32; float64 runs the reference")
+    if problem.head_dim > 256:
+        reasons.append(f"head dim {problem.head_dim} > 256")
+    return reasons
+
+
+def fused_reasons(problem: Problem) -> list[str]:
+    """Why the fused-span backward does not apply."""
+    return ["K = 1 span slot: fused-span is the per-span kernel"] if problem.spans == 1 else []
+
+
+def split_reasons(problem: Problem) -> list[str]:
+    """Why split dK/dV does not apply."""
+    if problem.rep == 1:
+        return ["rep = 1 (MHA): split dK/dV buffers are the shared ones"]
+    need = 2 * problem.batch * problem.q_heads * problem.keys * problem.head_dim * 4
+    if need > SPLIT_DKV_BUDGET_BYTES:
+        return [f"split dK/dV buffers need {need / 2**30:.1f} GiB > {SPLIT_DKV_BUDGET_BYTES >> 30} GiB"]
+    return []
+
+
+def grouped_reasons(problem: Problem) -> list[str]:
+    """Why the grouped decode kernels cannot serve ``problem``."""
+    reasons = triton_reasons(problem)
+    if problem.rep > 64:
+        reasons.append(f"rep = {problem.rep} > 64 query heads per KV head (one program holds a whole group)")
+    return reasons
+
+
+def tc_reasons(tiles: dict, default, problem: Problem) -> list[str]:
+    """Why a tensor-core variant cannot serve ``problem``: the Triton rules, or no tiling that fits."""
+    reasons = triton_reasons(problem)
+    if not reasons:
+        misfit = tile_check(tiles, problem, default(problem))
+        if misfit is not None:
+            reasons.append(f"even the smallest tensor-core tiles do not fit: {misfit}")
+    return reasons
+
+
+def always_applies(problem: Problem) -> list[str]:
+    """No reasons: the variant serves every problem (the layer's search reference works in chunks)."""
+    return []
+
+
+def reference_reasons(problem: Problem) -> list[str]:
+    """Why the dense PyTorch reference is unfit (it materialises every score)."""
+    scores = problem.batch * problem.q_heads * problem.queries * problem.spans * problem.keys
+    if scores > REFERENCE_SCORE_BUDGET:
+        return [f"the reference would materialise {scores:.3g} scores (> {REFERENCE_SCORE_BUDGET:.3g})"]
+    return []
+
+
+def search_reasons(problem: Problem) -> list[str]:
+    """Why the Triton layer search cannot serve ``problem``."""
+    reasons = triton_reasons(problem)
+    if problem.spans > 64:
+        reasons.append(f"topk = {problem.spans} > 64 kept scores per query")
+    return reasons
+
+
+# --- static configuration checks --------------------------------------------------------------
+
+
+def resource_check(tiles: int, problem: Problem, config: KernelConfig) -> str | None:
+    """Why ``config`` cannot build or run well: register or shared-memory estimate (GPU only)."""
+    if not problem.device.is_gpu:
+        return None
+    block_d = next_power_of_two(problem.head_dim)
+    per_thread = tiles * config.block_k * block_d / (32 * config.num_warps)
+    if per_thread > MAX_VALUES_PER_THREAD:
+        return (
+            f"registers: about {per_thread:.0f} fp32 values per thread for {tiles} [{config.block_k} x {block_d}] "
+            f"tiles on {config.num_warps} warps (limit {MAX_VALUES_PER_THREAD})"
+        )
+    element = 4 if problem.dtype == "float32" else 2
+    shared = max(config.num_stages - 1, 1) * 2 * config.block_k * block_d * element
+    limit = SHARED_MEMORY_BYTES.get(problem.device.arch, DEFAULT_SHARED_MEMORY_BYTES)
+    if shared > limit:
+        return f"shared memory: about {shared} bytes for {config.num_stages} stages of K/V tiles > {limit} on {problem.device.arch}"
+    return None
+
+
+# Per tensor-core kernel part: (fp32 register values, shared-memory elements) of one program as a
+# function of its tile sizes m (BLOCK_M), n (BLOCK_N), d (padded D) and pipeline stages s.
+FORWARD_TILES = {
+    "window": lambda m, n, d, s: (m * d + m * n, (s * 2 * n + m) * d),  # acc [m, d], scores [m, n]; K/V stages + Q
+    "span": lambda m, n, d, s: (m * d + m * n, (s * 2 * n + m) * d),
+}
+BACKWARD_TILES = {
+    "window": lambda m, n, d, s: (2 * n * d + n * m, (s * 2 * m + 2 * n) * d),  # dK, dV [n, d]; Q/dO stages + K/V
+    "span": lambda m, n, d, s: (m * d + 2 * n * d + m * n, (s * 2 * n + 2 * m) * d),  # dQ [m, d], dK/dV block
+}
+
+
+def tile_check(tiles: dict, problem: Problem, config: KernelConfig) -> str | None:
+    """Why a tensor-core configuration cannot build or run well (GPU only): each kernel part's
+    accumulators and scores per thread, and its pipelined tiles in shared memory (``tiles``)."""
+    if not problem.device.is_gpu:
+        return None
+    block_d = next_power_of_two(problem.head_dim)
+    element = 4 if problem.dtype == "float32" else 2
+    limit = SHARED_MEMORY_BYTES.get(problem.device.arch, DEFAULT_SHARED_MEMORY_BYTES)
+    for part, estimate in tiles.items():
+        m, n, warps, stages = (config[f"{part}_{name}"] for name in ("block_m", "block_n", "warps", "stages"))
+        values, elements = estimate(m, n, block_d, stages)
+        if values / (32 * warps) > MAX_TC_VALUES_PER_THREAD:
+            return f"{part} registers: about {values / (32 * warps):.0f} fp32 values per thread for {m}/{n} tiles on {warps} warps"
+        if elements * element > limit:
+            return f"{part} shared memory: about {elements * element} bytes for {stages} stages of {m}/{n} tiles > {limit}"
+    return None
+
+
+def search_check(problem: Problem, config: KernelConfig) -> str | None:
+    """Why a search configuration cannot run well: heads past the group, or registers (GPU only):
+    the rows' Q1 (16-bit pairs), their scores against the block's keys and the kept top-k."""
+    if config.block_h > next_power_of_two(problem.rep):
+        return f"block_h {config.block_h} > the {problem.rep} query heads of a KV group"
+    if not problem.device.is_gpu:
+        return None
+    rows = config.block_h * config.block_q
+    values = rows * (next_power_of_two(problem.head_dim) // 2 + config.block_q + 2 * next_power_of_two(problem.spans))
+    if values / (32 * config.num_warps) > MAX_TC_VALUES_PER_THREAD:
+        return f"registers: about {values / (32 * config.num_warps):.0f} values per thread (limit {MAX_TC_VALUES_PER_THREAD})"
+    return None
+
+
+def no_check(problem: Problem, config: KernelConfig) -> str | None:
+    """The reference has nothing to compile."""
+    return None
+
+
+def forward_default(problem: Problem) -> KernelConfig:
+    """Heuristic forward configuration: 64-key blocks (32 past D = 128), 4 warps, 2 stages."""
+    return KernelConfig(block_k=64 if problem.head_dim <= 128 else 32, num_warps=4, num_stages=2)
+
+
+def backward_default(problem: Problem) -> KernelConfig:
+    """Heuristic backward configuration: 32-key blocks, 4 warps, 1 stage."""
+    return KernelConfig(block_k=32, num_warps=4, num_stages=1)
+
+
+def grouped_default(problem: Problem) -> KernelConfig:
+    """Heuristic grouped-decode configuration: 64-key tiles (32 past D = 128), 4 warps, the most
+    stages up to 3 that fit (64/4/3 was within 4% of the best at every model-M context in the H200
+    sweep, docs/benchmarks/h200-decode-sweep.json) and span chunks that give about four programs
+    per multiprocessor."""
+    from .decode.grouped_kernels import span_chunk_length  # imports Triton on first use only
+
+    block_k = 64 if problem.head_dim <= 128 else 32
+    backward_factor, forward_factor, span_power = problem.factors
+    longest_span = (
+        geometry.ceil_scaled_power(backward_factor, problem.keys, span_power)
+        + geometry.ceil_scaled_power(forward_factor, problem.keys, span_power) + 1
+    )
+    spans = problem.batch * problem.q_heads * problem.spans
+    chunk = span_chunk_length(longest_span, spans, max(problem.device.multiprocessors, 1), block_k)
+    for stages in (3, 2, 1):
+        config = KernelConfig(block_k=block_k, num_warps=4, num_stages=stages, chunk=chunk)
+        if stages == 1 or resource_check(2, problem, config) is None:
+            return config
+    raise AssertionError("unreachable")
+
+
+def tc_forward_default(problem: Problem) -> KernelConfig:
+    """Heuristic tensor-core forward configuration: the H200 sweep's best tiles for bf16, D <= 128
+    (window 128/64/8 warps/3 stages, spans 64/64/4/3), smaller ones for wider rows or fp32, then
+    shrunk until they fit the GPU (``fitted``)."""
+    from .kernels.span_tc_forward import tc_forward_default as tiles  # imports Triton on first use only
+
+    return fitted(KernelConfig(tiles(problem.head_dim, problem.torch_dtype)), FORWARD_TILES, problem, f"{SPAN_FORWARD}/tc_tiles")
+
+
+def tc_backward_default(problem: Problem) -> KernelConfig:
+    """Heuristic tensor-core backward configuration: the H200 16K sweep's best tiles (window 32/128/8
+    warps/2 stages, spans 128/64/8/2), shrunk until they fit (``fitted``)."""
+    from .kernels.span_tc_backward import SPAN_TC_BACKWARD_DEFAULTS  # imports Triton on first use only
+
+    return fitted(KernelConfig(SPAN_TC_BACKWARD_DEFAULTS), BACKWARD_TILES, problem, f"{SPAN_BACKWARD}/tc_tiles")
+
+
+def fitted(config: KernelConfig, tiles: dict, problem: Problem, variant: str = "") -> KernelConfig:
+    """``config`` with each tensor-core kernel part shrunk (fewer stages, then narrower key tiles,
+    then fewer rows) until ``tile_check`` and the compiled table for ``variant`` on the GPU's arch accept it."""
+    for part in tiles:
+        while tile_check({part: tiles[part]}, problem, config) is not None or compiled_part_reason(variant, part, problem, config):
+            for name, floor in (("stages", 2), ("block_n", 32), ("block_m", 64)):
+                if config[f"{part}_{name}"] > floor:
+                    value = config[f"{part}_{name}"]
+                    config = config.replace(**{f"{part}_{name}": 2 if name == "stages" else value // 2})
+                    break
+            else:
+                return config  # nothing smaller to try: the tuner's compile check will say why
+    return config
+
+
+def search_default(problem: Problem) -> KernelConfig:
+    """Heuristic search tiles (``layer.search_kernel.search_default``)."""
+    from .layer.search_kernel import search_default as tiles  # imports Triton on first use only
+
+    return tiles(problem.rep, problem.head_dim)
+
+
+def reference_default(problem: Problem) -> KernelConfig:
+    """The reference has nothing to configure."""
+    return KernelConfig()
+
+
