@@ -270,6 +270,27 @@ def test_verify_and_bench_commands(tmp_path, capsys, monkeypatch, decode_workloa
     assert rows[0]["sdpa_ms"] == ran[fastest] and rows[0]["sdpa_kind"].endswith(fastest)
 
 
+def test_verify_passes_a_winner_that_is_the_default_whatever_the_timer_says(tmp_path, capsys, monkeypatch,
+                                                                              decode_workload, restore_cache) -> None:
+    """The same configuration timed twice differs only by noise: a winner equal to the default is not
+    'slower than the default'; any other winner that times slower still fails."""
+    import itertools
+
+    from superlinear_ops.tuner import runner
+
+    case = load(decode_workload).cases(device_identity(CPU))[0]
+    default = REGISTRY.fallback(case.problem)
+    calls = itertools.count()
+    monkeypatch.setattr(runner.ProblemBench, "time_ms", lambda self, variant, config: 1.0 + 0.3 * (next(calls) % 2))
+    for config, verdict, status in ((default.default(case.problem), "ok (the winner is the default)", 0),
+                                    (KernelConfig(block_k=16, num_warps=1, num_stages=1), "FAIL: slower than the default", 1)):
+        cache = tmp_path / f"{status}.sqlite"
+        with Store.writer(cache) as store:
+            store.put(make_entry(key=key_of(case.problem), variant=default.name if status == 0 else "staged", config=config))
+        assert main(["verify", str(decode_workload), "--cache", str(cache), "--device", "cpu", "--threshold", "0.1"]) == status
+        assert verdict in capsys.readouterr().out
+
+
 def test_tune_command_options(tmp_path, capsys) -> None:
     """--sampler, --seed, --problems, --workers, --timeout and --trials 0 (until exhausted or timed out)."""
     storage, cache = tmp_path / "s.sqlite", tmp_path / "c.sqlite"

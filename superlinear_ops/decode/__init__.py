@@ -8,3 +8,7 @@
 ``gate`` holds the gate they share, ``tables`` the exact integer tables they read on the device; their
 settings are ``superlinear_ops.settings.SpanSettings`` (the layer's and the tuner's too).
 """
+
+from ..settings import SpanSettings as DecodeSettings  # the settings' name from when only decode searched
+
+__all__ = ["DecodeSettings"]
