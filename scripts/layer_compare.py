@@ -27,7 +27,8 @@ from prefill_compare import bench, profile, time_few  # this folder's model-M co
 
 from superlinear_ops import geometry, torch_ops
 from superlinear_ops.kernels.launch import KernelConfig
-from superlinear_ops.layer.attention import attention_layer, spans_of_anchors
+from superlinear_ops.layer.attention import spans_of_anchors
+from superlinear_ops.layer.composition import attention_layer
 from superlinear_ops.layer.search import search_reference
 from superlinear_ops.layer.search_kernel import search_default, tiled_search
 from superlinear_ops.layer_api import superlinear_attention

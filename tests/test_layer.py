@@ -20,7 +20,7 @@ from helpers import GRADIENT_SPREAD, assert_close, laid_out, poisoned_allocation
 from superlinear_ops import geometry, layer_api, torch_ops
 from superlinear_ops.kernels.launch import KernelConfig
 from superlinear_ops.layer import search_kernel
-from superlinear_ops.layer.attention import attention_layer
+from superlinear_ops.layer.composition import attention_layer
 from superlinear_ops.problem import Problem
 from superlinear_ops.registry import REGISTRY
 from superlinear_ops.settings import SpanSettings
@@ -453,7 +453,8 @@ def test_bad_inputs_raise_naming_the_argument(build, error, name: str, gen: torc
 def test_gate_scores_op_matches_a_gather_and_gives_empty_slots_no_gradient(dtype) -> None:
     """The gate-score op alone, with an arbitrary upstream gradient (empty slots included): the
     float32 inputs run the Triton kernels (interpreter), float64 the PyTorch path."""
-    from superlinear_ops.layer.attention import EMPTY_SCORE, gate_scores
+    from superlinear_ops.layer.attention import EMPTY_SCORE
+    from superlinear_ops.torch_ops import layer_gate_scores as gate_scores
 
     gen = torch.Generator().manual_seed(11)
     q1 = torch.randn(2, 4, 5, 24, generator=gen, dtype=dtype, requires_grad=True)

@@ -1,12 +1,6 @@
-"""Steps 2-5 of the whole layer around any search: spans from the anchors, span + window attention,
-and the gate (SPEC section 7).
-
-Differentiable in Q1 (through the gate scores), Q2, K and V: the anchors carry no gradient, the
-span attention's gradient comes from its own op, the gate scores v_j = Q1 . K[anchor_j] are
-recomputed here (``gate_scores``, with a hand-written backward) and the gate has its own backward
-(``gate_backward``). The short-prefix rule needs nothing extra: when t <= W no stripe precedes the
-window, every slot is empty, every O_j is the causal attention over [0, pos] and the uniform gate
-returns it. No host synchronisation.
+"""The steps of the whole layer after the search (SPEC section 7): spans from the anchors (step 2)
+and the gate scores and gate with their backwards (step 4); ``composition`` puts them together
+with the span attention as custom ops.
 
 Each gate step is an op of the registry (``gate_ops``: gate scores, the gate, and their backwards)
 with two launchers here, the Triton kernels (``gate_kernel``) and the PyTorch path (the reference:
@@ -16,9 +10,6 @@ the call's problem (its op spec's ``problem_of``), or an explicit (variant, conf
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from dataclasses import dataclass
-
 import torch
 
 from .. import dispatch, geometry
@@ -27,17 +18,7 @@ from ..registry import REGISTRY, Variant
 from ..settings import SpanSettings
 from .gate_ops import EMPTY_SCORE, GATE, GATE_BACKWARD, GATE_SCORES, GATE_SCORES_BACKWARD
 
-# span_attention(qstart, qend) -> per-span outputs [B, Hq, Lq, K, D] (window included in each)
-SpanAttention = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
 Chosen = tuple[Variant, KernelConfig]  # an explicit choice: a gate op's variant and its configuration
-
-
-@dataclass(frozen=True)
-class GateChoices:
-    """Explicit choices for the layer's gate forward (the tuner's parts): the scores' and the gate's."""
-
-    scores: Chosen
-    gate: Chosen
 
 
 def spans_of_anchors(
@@ -168,12 +149,6 @@ def gate_scores_backward(q1: torch.Tensor, k: torch.Tensor, anchors: torch.Tenso
     return variant.launch(q1, k, anchors, grad, config)
 
 
-def gate_scores(q1: torch.Tensor, k: torch.Tensor, anchors: torch.Tensor) -> torch.Tensor:
-    """``gate_scores_forward`` as the custom op ``superlinear_ops::layer_gate_scores`` (``torch_ops``),
-    differentiable in Q1 and K."""
-    return torch.ops.superlinear_ops.layer_gate_scores(q1, k, anchors)
-
-
 def gate_forward(scores: torch.Tensor, span_out: torch.Tensor, dtype: torch.dtype, choice: Chosen | None = None) -> torch.Tensor:
     """O = sum_j softmax(scores)_j O_j [B, Hq, Lq, D] in ``dtype`` (step 4) for scores [B, Hq, Lq, topk]
     and span outputs [B, Hq, Lq, topk, D]."""
@@ -187,29 +162,3 @@ def gate_backward(scores: torch.Tensor, span_out: torch.Tensor, grad: torch.Tens
     dv_j = g_j (s_j - sum_k g_k s_k) with s_j = grad . O_j."""
     variant, config = _chosen(GATE_BACKWARD, choice, scores, span_out)
     return variant.launch(scores, span_out, grad, config)
-
-
-def attention_layer(
-    q1: torch.Tensor,
-    k: torch.Tensor,
-    anchors: torch.Tensor,
-    cache_position: torch.Tensor,
-    attention_mask: torch.Tensor | None,
-    settings: SpanSettings,
-    span_attention: SpanAttention,
-    dtype: torch.dtype,
-    gates: GateChoices | None = None,
-) -> torch.Tensor:
-    """O [B, Hq, Lq, D] in ``dtype`` from the search's anchors [B, Hq, Lq, topk] (steps 2-5). The
-    spans and the gate run as the custom ops ``superlinear_ops::layer_spans`` and ``::layer_gate``
-    (``torch_ops``), so that torch.compile traces the layer without entering the exact geometry;
-    with ``gates`` (the tuner's explicit parts) the gate runs those choices, forward only (no autograd)."""
-    power = settings.params.arguments
-    qstart, qend = torch.ops.superlinear_ops.layer_spans(
-        anchors, cache_position, attention_mask, k.shape[2], settings.sw_index, settings.backward_factor,
-        settings.forward_factor, settings.span_power, power["search_power"], power["inv_search_power_int"],
-    )
-    span_out = span_attention(qstart, qend)  # [B, Hq, Lq, topk, D]
-    if gates is not None:
-        return gate_forward(gate_scores_forward(q1, k, anchors, gates.scores), span_out, dtype, gates.gate)
-    return torch.ops.superlinear_ops.layer_gate(gate_scores(q1, k, anchors), span_out, dtype)

@@ -12,7 +12,7 @@ import torch
 
 from .. import geometry
 from ..kernels.launch import LaunchGeometry
-from ..layer.attention import GateChoices, attention_layer
+from ..layer.composition import GateChoices, attention_layer
 from ..layer.gate_ops import GATE, GATE_SCORES
 from ..problem import ATTENTION_LAYER, SPAN_FORWARD, Problem
 from ..registry import REGISTRY
