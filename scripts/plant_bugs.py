@@ -46,6 +46,7 @@ LAUNCH = "superlinear_ops/kernels/launch.py"
 WTB = "superlinear_ops/kernels/window_tc_backward.py"
 API = "superlinear_ops/api.py"
 SETTINGS = "superlinear_ops/settings.py"
+TORCH_OPS = "superlinear_ops/torch_ops.py"
 INPUTS = "tests/test_hardening_inputs.py"
 BWD = f"{VARIANTS} -k span_backward"
 
@@ -121,6 +122,7 @@ PLANTS = {
     "hardening: window dK/dV reads non-finite K": (WTB, "    k = finite_or_zero(k)\n    dk = tl.zeros", "    dk = tl.zeros", f"{INPUTS} -k poisoned"),
     "hardening: decode detached when a grad is required": (API, "    if requires_grad(Q1, Q2, K, V):\n", "    if False:\n", f"{INPUTS} -k decode_is_diff"),
     "hardening: empty result detached": (API, "    return out + sum(t.sum() * 0 for t in inputs)", "    return out", f"{INPUTS} -k empty_inputs"),
+    "eager calls without gradients go through the custom ops": (TORCH_OPS, "    return _IMPLEMENTATIONS[op](*args)", "    return op(*args)", "tests/test_torch_ops.py -k eager_calls"),
     "hardening: topk not clamped to the stripes": (SETTINGS, "return settings if torch.compiler.is_compiling() else settings.for_keys(key_length)", "return settings", f"{INPUTS} -k huge_topk"),
 }
 

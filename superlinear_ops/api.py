@@ -93,8 +93,8 @@ def fused_span_attention_gqa(
         validation.check_span_contract(qstart, qend, cache_position, K.shape[2], window)
     if Q2.numel() == 0 or qstart.shape[-1] == 0:
         return empty_result((*qstart.shape, Q2.shape[-1]), Q2, Q2, K, V)
-    out, _ = torch_ops.span_forward(
-        Q2, K, V, qstart, qend, clamped_positions(cache_position, K.shape[2]), attention_mask, sw_index, search_power,
+    out, _ = torch_ops.run(
+        torch_ops.span_forward, Q2, K, V, qstart, qend, clamped_positions(cache_position, K.shape[2]), attention_mask, sw_index, search_power,
         inv_search_power_int, block_k,
     )
     return out
@@ -170,16 +170,14 @@ def decode_span_attention_staged_gqa(
         batch, hq = Q2.shape[:2]
         last = clamped_positions(cache_position[-1:].to(torch.int64), K.shape[2])
         qend = last.view(1, 1, 1, 1).expand(batch, hq, 1, 1)
-        out, _ = torch_ops.span_forward(
-            Q2, K, V, torch.zeros_like(qend), qend, last, attention_mask, 0, None, 2, block_k
+        out, _ = torch_ops.run(
+            torch_ops.span_forward, Q2, K, V, torch.zeros_like(qend), qend, last, attention_mask, 0, None, 2, block_k
         )
         return out[:, :, :, 0]
     if requires_grad(Q1, Q2, K, V):
         return torch_ops.staged_decode_differentiable(Q1, Q2, K, V, cache_position, attention_mask, settings)
-    # Under torch.compile the custom op (with its fake implementation) is traced; eagerly its
-    # implementation runs directly, without the custom-op wrapper's host overhead.
-    op = torch_ops.staged_decode if torch.compiler.is_compiling() else torch_ops.staged_decode_eager
-    return op(Q1, Q2, K, V, cache_position, attention_mask, *settings.op_arguments(), block_k)
+    return torch_ops.run(torch_ops.staged_decode, Q1, Q2, K, V, cache_position, attention_mask,
+                         *settings.op_arguments(), block_k)
 
 
 def decode_span_attention_staged(

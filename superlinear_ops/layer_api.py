@@ -52,12 +52,12 @@ def superlinear_attention(
     if Q2.numel() == 0:
         return empty_result(Q2.shape, Q2, Q1, Q2, K, V)
     positions = clamped_positions(cache_position, K.shape[2])
-    anchors = torch_ops.layer_search(Q1, K, positions, attention_mask, *settings.op_arguments())
+    anchors = torch_ops.run(torch_ops.layer_search, Q1, K, positions, attention_mask, *settings.op_arguments())
     power = settings.params.arguments
 
     def span_attention(qstart: torch.Tensor, qend: torch.Tensor) -> torch.Tensor:
-        return torch_ops.span_forward(
-            Q2, K, V, qstart, qend, positions, attention_mask, settings.sw_index, power["search_power"],
+        return torch_ops.run(
+            torch_ops.span_forward, Q2, K, V, qstart, qend, positions, attention_mask, settings.sw_index, power["search_power"],
             power["inv_search_power_int"], 0,
         )[0]
 

@@ -5,6 +5,10 @@
 ``span_forward`` and its differentiable gate scores, ``layer.attention``) have fake (meta)
 implementations and autograd registration, so ``torch.compile(fullgraph=True)`` traces models
 that call them and ``torch.library.opcheck`` passes. Inputs arrive validated by ``api``.
+
+Callers go through ``run``: eagerly, with no autograd to record, it calls an op's implementation
+directly, so that a first call imports none of torch.compile's machinery (a custom op's first call
+imports dynamo and sympy, about 1.5 s) and pays no wrapper overhead.
 """
 
 from __future__ import annotations
@@ -20,6 +24,25 @@ from .registry import REGISTRY
 from .settings import SpanSettings
 
 NAMESPACE = "superlinear_ops"
+_IMPLEMENTATIONS: dict = {}  # custom op -> the function it wraps
+
+
+def _custom_op(name: str):
+    """``torch.library.custom_op`` in this package's namespace, remembering the implementation for ``run``."""
+    def register(fn):
+        op = torch.library.custom_op(f"{NAMESPACE}::{name}", fn, mutates_args=())
+        _IMPLEMENTATIONS[op] = fn
+        return op
+    return register
+
+
+def run(op, *args):
+    """``op(*args)``: the custom op under torch.compile or when autograd must record it (grad mode on
+    and an input requiring grad); otherwise its implementation, called directly (same result)."""
+    if torch.compiler.is_compiling() or (
+            torch.is_grad_enabled() and any(isinstance(a, Tensor) and a.requires_grad for a in args)):
+        return op(*args)
+    return _IMPLEMENTATIONS[op](*args)
 
 
 def _power_params(search_power: float | None, inv_search_power_int: int | None) -> geometry.PowerParams:
@@ -35,7 +58,7 @@ def _span_call(op, q, k, v, qstart, qend, cache_position, attention_mask, sw_ind
     return choice, geo
 
 
-@torch.library.custom_op(f"{NAMESPACE}::span_forward", mutates_args=())
+@_custom_op("span_forward")
 def span_forward(
     q: Tensor,
     k: Tensor,
@@ -64,7 +87,7 @@ def _span_forward_fake(q, k, v, qstart, qend, cache_position, attention_mask, sw
     return q.new_empty(batch, heads, queries, spans, dim), q.new_empty(batch, heads, queries, spans, dtype=torch.float32)
 
 
-@torch.library.custom_op(f"{NAMESPACE}::span_backward", mutates_args=())
+@_custom_op("span_backward")
 def span_backward(
     q: Tensor,
     k: Tensor,
@@ -174,7 +197,7 @@ def staged_decode_differentiable(
     return variant.launch(q1, q2, k, v, cache_position, attention_mask, settings, variant.default(problem))
 
 
-staged_decode = torch.library.custom_op(f"{NAMESPACE}::staged_decode", staged_decode_eager, mutates_args=())
+staged_decode = _custom_op("staged_decode")(staged_decode_eager)
 
 
 @staged_decode.register_fake
@@ -182,7 +205,7 @@ def _staged_decode_fake(q1, q2, *args):
     return torch.empty_like(q2)
 
 
-@torch.library.custom_op(f"{NAMESPACE}::layer_search", mutates_args=())
+@_custom_op("layer_search")
 def layer_search(
     q1: Tensor,
     k: Tensor,
@@ -213,7 +236,7 @@ def _layer_search_fake(q1, k, cache_position, attention_mask, sw_index, topk, *a
     return q1.new_empty(*q1.shape[:3], topk, dtype=torch.int64)
 
 
-@torch.library.custom_op(f"{NAMESPACE}::layer_spans", mutates_args=())
+@_custom_op("layer_spans")
 def layer_spans(
     anchors: Tensor,
     cache_position: Tensor,
@@ -237,7 +260,7 @@ def _layer_spans_fake(anchors, *args):
     return torch.empty_like(anchors), torch.empty_like(anchors)
 
 
-@torch.library.custom_op(f"{NAMESPACE}::layer_gate", mutates_args=())
+@_custom_op("layer_gate")
 def layer_gate(scores: Tensor, span_out: Tensor, dtype: torch.dtype) -> Tensor:
     """O = sum_j softmax(scores)_j O_j [B, Hq, Lq, D] in ``dtype`` (``layer.attention.gate_forward``)."""
     return gate_forward(scores, span_out, dtype)
@@ -248,7 +271,7 @@ def _layer_gate_fake(scores, span_out, dtype):
     return span_out.new_empty(*span_out.shape[:3], span_out.shape[4], dtype=dtype)
 
 
-@torch.library.custom_op(f"{NAMESPACE}::layer_gate_backward", mutates_args=())
+@_custom_op("layer_gate_backward")
 def layer_gate_backward(scores: Tensor, span_out: Tensor, grad: Tensor) -> tuple[Tensor, Tensor]:
     """(d scores, d span outputs) of ``layer_gate``."""
     return gate_backward(scores, span_out, grad)
@@ -260,7 +283,7 @@ def _layer_gate_backward_fake(scores, span_out, grad):
 
 
 
-@torch.library.custom_op(f"{NAMESPACE}::layer_gate_scores", mutates_args=())
+@_custom_op("layer_gate_scores")
 def layer_gate_scores(q1: Tensor, k: Tensor, anchors: Tensor) -> Tensor:
     """Gate scores Q1 . K[anchor] [B, Hq, Lq, topk] (``layer.attention.gate_scores_forward``)."""
     return gate_scores_forward(q1, k, anchors)
@@ -271,7 +294,7 @@ def _layer_gate_scores_fake(q1, k, anchors):
     return anchors.new_empty(anchors.shape, dtype=torch.float64 if q1.dtype == torch.float64 else torch.float32)
 
 
-@torch.library.custom_op(f"{NAMESPACE}::layer_gate_scores_backward", mutates_args=())
+@_custom_op("layer_gate_scores_backward")
 def layer_gate_scores_backward(q1: Tensor, k: Tensor, anchors: Tensor, grad: Tensor) -> tuple[Tensor, Tensor]:
     """(dQ1, dK) of ``layer_gate_scores``."""
     return gate_scores_backward(q1, k, anchors, grad)

@@ -133,3 +133,37 @@ def test_nothing_is_built_after_warmup(gen: torch.Generator) -> None:
     )
     after = (dispatch.DISPATCHER.resolutions, len(geometry._TABLES), decode_tables.decode_tables.cache_info().misses)
     assert after == before, "a choice or a table was built after warm-up"
+
+
+FIRST_CALLS = """
+import sys, torch, superlinear_ops
+gen = torch.Generator().manual_seed(3)
+q1, q2 = (torch.randn(1, 4, 48, 16, generator=gen) for _ in range(2))
+k, v = (torch.randn(1, 2, 48, 16, generator=gen) for _ in range(2))
+superlinear_ops.superlinear_attention(q1, q2, k, v, torch.arange(48), None, 3, 2)
+superlinear_ops.decode_span_attention_staged_gqa(q1[:, :, -1:], q2[:, :, -1:], k, v, torch.tensor([47]), None, 3, 2)
+print(sorted(m for m in ("torch._dynamo", "sympy") if m in sys.modules))
+"""
+
+
+def test_eager_calls_without_gradients_import_no_compile_machinery() -> None:
+    """A fresh process's first layer and decode calls (nothing to differentiate) run the ops'
+    implementations directly: torch.compile's machinery (dynamo, sympy; about 1.5 s) stays unloaded."""
+    import subprocess
+    import sys
+
+    done = subprocess.run([sys.executable, "-c", FIRST_CALLS], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    loaded = done.stdout.strip().splitlines()[-1]
+    assert loaded == "[]", f"the first eager calls imported {loaded}"
+
+
+def test_direct_calls_equal_the_custom_ops(gen: torch.Generator) -> None:
+    """``torch_ops.run`` without gradients (the implementation) and with them (the custom op, autograd
+    recording) give the same layer output."""
+    q1, q2 = (torch.randn(1, 4, 40, 16, generator=gen) for _ in range(2))
+    k, v = (torch.randn(1, 2, 40, 16, generator=gen) for _ in range(2))
+    direct = superlinear_ops.superlinear_attention(q1, q2, k, v, torch.arange(40), None, 3, 2)
+    recorded = superlinear_ops.superlinear_attention(q1, q2.requires_grad_(), k, v, torch.arange(40), None, 3, 2)
+    assert recorded.grad_fn is not None and direct.grad_fn is None
+    torch.testing.assert_close(direct, recorded.detach(), rtol=0, atol=0)

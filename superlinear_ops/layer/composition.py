@@ -1,7 +1,7 @@
 """The whole layer around any search (SPEC section 7, steps 2-5): spans from the anchors, span +
 window attention, gate scores and gate, composed from the custom ops of ``torch_ops`` (so that
 torch.compile traces the layer without entering the exact geometry, and autograd follows each
-step's own backward).
+step's own backward; eagerly with nothing to differentiate, ``torch_ops.run`` calls them directly).
 
 Differentiable in Q1 (through the gate scores), Q2, K and V: the anchors carry no gradient. The
 short-prefix rule needs nothing extra: when t <= W no stripe precedes the window, every slot is
@@ -48,11 +48,12 @@ def attention_layer(
     ``layer_gate``; with ``gates`` (the tuner's explicit parts) the gate runs those choices, forward
     only (no autograd)."""
     power = settings.params.arguments
-    qstart, qend = torch_ops.layer_spans(
-        anchors, cache_position, attention_mask, k.shape[2], settings.sw_index, settings.backward_factor,
+    qstart, qend = torch_ops.run(
+        torch_ops.layer_spans, anchors, cache_position, attention_mask, k.shape[2], settings.sw_index, settings.backward_factor,
         settings.forward_factor, settings.span_power, power["search_power"], power["inv_search_power_int"],
     )
     span_out = span_attention(qstart, qend)  # [B, Hq, Lq, topk, D]
     if gates is not None:
         return gate_forward(gate_scores_forward(q1, k, anchors, gates.scores), span_out, dtype, gates.gate)
-    return torch_ops.layer_gate(torch_ops.layer_gate_scores(q1, k, anchors), span_out, dtype)
+    scores = torch_ops.run(torch_ops.layer_gate_scores, q1, k, anchors)
+    return torch_ops.run(torch_ops.layer_gate, scores, span_out, dtype)
