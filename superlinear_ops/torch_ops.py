@@ -145,7 +145,8 @@ torch.library.register_autograd(
 )
 
 
-def staged_decode_eager(
+@_custom_op("staged_decode")
+def staged_decode(
     q1: Tensor,
     q2: Tensor,
     k: Tensor,
@@ -161,12 +162,10 @@ def staged_decode_eager(
     inv_search_power_int: int | None,
     block_k: int,
 ) -> Tensor:
-    """Staged decode [B, Hq, 1, D] by the dispatcher's decode variant (block_k 0: choose).
-
-    This is the op's implementation; eager callers may call it directly (no autograd to record:
-    decode has no backward), skipping the custom-op wrapper's host overhead. Only the last cache
-    position matters; every variant treats a negative one (which only ``validate=True`` rejects)
-    as 0, so that it can never index outside the geometry tables.
+    """Staged decode [B, Hq, 1, D] by the dispatcher's decode variant (block_k 0: choose); no backward
+    (``staged_decode_differentiable`` serves calls that need one). Only the last cache position
+    matters; every variant treats a negative one (which only ``validate=True`` rejects) as 0, so that
+    it can never index outside the geometry tables.
     """
     settings = SpanSettings.from_op_arguments(sw_index, topk, backward_factor, forward_factor, span_power, search_power,
                                               inv_search_power_int)
@@ -195,9 +194,6 @@ def staged_decode_differentiable(
     variant = REGISTRY.reference(STAGED_DECODE)
     problem = _decode_problem(q2, k, attention_mask, settings)
     return variant.launch(q1, q2, k, v, cache_position, attention_mask, settings, variant.default(problem))
-
-
-staged_decode = _custom_op("staged_decode")(staged_decode_eager)
 
 
 @staged_decode.register_fake

@@ -241,3 +241,16 @@ def reference_default(problem: Problem) -> KernelConfig:
     return KernelConfig()
 
 
+def gate_default(problem: Problem) -> KernelConfig:
+    """The gate kernels' configuration before they were tuned: 16 rows per program, Triton's default 4 warps."""
+    return KernelConfig(block_r=16, num_warps=4)
+
+
+def rows_check(tiles: int, problem: Problem, config: KernelConfig) -> str | None:
+    """Why a gate configuration cannot run well: registers (GPU only), ``tiles`` fp32 [block_r, D] tiles."""
+    if not problem.device.is_gpu:
+        return None
+    per_thread = tiles * config.block_r * next_power_of_two(problem.head_dim) / (32 * config.num_warps)
+    if per_thread > MAX_VALUES_PER_THREAD:
+        return f"registers: about {per_thread:.0f} fp32 values per thread on {config.num_warps} warps (limit {MAX_VALUES_PER_THREAD})"
+    return None

@@ -23,7 +23,6 @@ from functools import partial
 import torch
 
 from .arch_check import with_compiled
-from .buckets import next_power_of_two
 from .decode.grouped import grouped_decode
 from .decode.split_window import split_window_decode
 from .decode.staged import staged_decode
@@ -39,17 +38,18 @@ from .settings import SpanSettings
 from .variant_rules import (
     BACKWARD_TILES,
     FORWARD_TILES,
-    MAX_VALUES_PER_THREAD,
     always_applies,
     backward_default,
     forward_default,
     fused_reasons,
+    gate_default,
     grouped_default,
     grouped_reasons,
     no_check,
     reference_default,
     reference_reasons,
     resource_check,
+    rows_check,
     search_check,
     search_default,
     search_reasons,
@@ -263,21 +263,6 @@ GATE_STEPS = {
     GATE: (gate_paths.triton_gate, gate_paths.torch_gate, 2),  # accumulator, span output
     GATE_BACKWARD: (gate_paths.triton_gate_backward, gate_paths.torch_gate_backward, 3),  # dOut, span output, dO_j
 }
-
-
-def gate_default(problem: Problem) -> KernelConfig:
-    """The gate kernels' configuration before they were tuned: 16 rows per program, Triton's default 4 warps."""
-    return KernelConfig(block_r=16, num_warps=4)
-
-
-def rows_check(tiles: int, problem: Problem, config: KernelConfig) -> str | None:
-    """Why a gate configuration cannot run well: registers (GPU only), ``tiles`` fp32 [block_r, D] tiles."""
-    if not problem.device.is_gpu:
-        return None
-    per_thread = tiles * config.block_r * next_power_of_two(problem.head_dim) / (32 * config.num_warps)
-    if per_thread > MAX_VALUES_PER_THREAD:
-        return f"registers: about {per_thread:.0f} fp32 values per thread on {config.num_warps} warps (limit {MAX_VALUES_PER_THREAD})"
-    return None
 
 
 for _op, (_triton, _torch, _tiles) in GATE_STEPS.items():

@@ -280,10 +280,10 @@ def test_verify_passes_a_winner_that_is_the_default_whatever_the_timer_says(tmp_
 
     case = load(decode_workload).cases(device_identity(CPU))[0]
     default = REGISTRY.fallback(case.problem)
-    calls = itertools.count()
-    monkeypatch.setattr(runner.ProblemBench, "time_ms", lambda self, variant, config: 1.0 + 0.3 * (next(calls) % 2))
     for config, verdict, status in ((default.default(case.problem), "ok (the winner is the default)", 0),
                                     (KernelConfig(block_k=16, num_warps=1, num_stages=1), "FAIL: slower than the default", 1)):
+        calls = itertools.count()  # every other timing 30% slower: the second of each side-by-side pair
+        monkeypatch.setattr(runner.ProblemBench, "time_ms", lambda self, variant, config: 1.0 + 0.3 * (next(calls) % 2))
         cache = tmp_path / f"{status}.sqlite"
         with Store.writer(cache) as store:
             store.put(make_entry(key=key_of(case.problem), variant=default.name if status == 0 else "staged", config=config))
