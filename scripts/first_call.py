@@ -29,11 +29,16 @@ def main() -> None:
     gpu = args.device == "cuda"
     heads, kv_heads, dim, dtype = (32, 2, 128, torch.bfloat16) if gpu else (4, 2, 32, torch.float32)
     sw_index, topk = (65, 3) if gpu else (3, 2)
-    power = dict(search_power=0.55, inv_search_power_int=None) if gpu else {}
+    # on the GPU, model M's settings (tuning/superlinear-exp-v0.1.yaml: what `superlinear-ops warmup` compiles)
+    power = dict(search_power=0.55, inv_search_power_int=None, backward_factor=3.0, forward_factor=1.0,
+                 span_power=0.55) if gpu else {}
     make = lambda *shape: torch.randn(*shape, device=args.device, dtype=dtype)  # noqa: E731
     q1, q2 = make(1, heads, args.queries, dim), make(1, heads, args.queries, dim)
     k, v = make(1, kv_heads, args.keys, dim), make(1, kv_heads, args.keys, dim)
     positions = torch.arange(args.keys - args.queries, args.keys, device=args.device)
+    # a decode step's own position tensor, as model code passes it (a slice of ``positions`` would be
+    # 8 bytes off 16-byte alignment, which Triton compiles as a separate specialisation)
+    step_position = positions[-1:].clone()
 
     def timed(call) -> float:
         began = time.perf_counter()
@@ -44,7 +49,7 @@ def main() -> None:
 
     layer = lambda: superlinear_ops.superlinear_attention(q1, q2, k, v, positions, None, sw_index, topk, **power)  # noqa: E731
     decode = lambda: superlinear_ops.decode_span_attention_staged_gqa(  # noqa: E731
-        q1[:, :, -1:], q2[:, :, -1:], k, v, positions[-1:], None, sw_index, topk, **power)
+        q1[:, :, -1:], q2[:, :, -1:], k, v, step_position, None, sw_index, topk, **power)
     times = [timed(layer), timed(layer), timed(decode), timed(decode)]
     loaded = [m for m in ("torch._dynamo", "sympy") if m in sys.modules]
     print(f"import {imported:.2f} s; layer first {times[0]:.2f} s, second {times[1]:.3f} s; "

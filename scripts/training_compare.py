@@ -85,7 +85,8 @@ def bench(fn, rep=200):
 
 def config_of(window, span):
     names = ("block_m", "block_n", "warps", "stages")
-    return {**{f"window_{n}": x for n, x in zip(names, window)}, **{f"span_{n}": x for n, x in zip(names, span)}}
+    return {**SPAN_TC_BACKWARD_DEFAULTS, **{f"window_{n}": x for n, x in zip(names, window)},
+            **{f"span_{n}": x for n, x in zip(names, span)}}
 
 
 def errors(geo, config):

@@ -59,6 +59,10 @@ def _attention_tiles(m: int, n: int, d: int) -> dict:
     return dict(D_HEAD=d, BLOCK_D=d, BLOCK_M=m, BLOCK_N=n, HAS_MASK=False, UPCAST=False)
 
 
+def _window_dkdv_tiles(m: int, n: int, d: int) -> dict:  # the whole group in one part: the span part added in-kernel
+    return dict(_attention_tiles(m, n, d), ATOMIC_ADD=False)
+
+
 def _swapped_tiles(m: int, n: int, d: int) -> dict:  # the dQ kernel's tiles are the dK/dV kernel's, transposed
     return _attention_tiles(n, m, d)
 
@@ -78,7 +82,7 @@ COVERED: dict[str, dict[str, tuple[KernelSpec, ...]]] = {  # variant -> part -> 
         "span": (KernelSpec(_K + "span_tc_forward", "span_tile_kernel", _span_tiles),),
     },
     "span_backward/tc_tiles": {
-        "window": (KernelSpec(_K + "window_tc_backward", "window_dkdv_kernel", _attention_tiles),
+        "window": (KernelSpec(_K + "window_tc_backward", "window_dkdv_kernel", _window_dkdv_tiles),
                    KernelSpec(_K + "window_tc_backward", "window_dq_kernel", _swapped_tiles)),
         "span": (KernelSpec(_K + "span_tc_backward", "span_tile_backward_kernel", _backward_span_tiles),),
     },

@@ -207,8 +207,9 @@ def tc_forward_default(problem: Problem) -> KernelConfig:
 
 
 def tc_backward_default(problem: Problem) -> KernelConfig:
-    """Heuristic tensor-core backward configuration: the H200 16K sweep's best tiles (window 32/128/8
-    warps/2 stages, spans 128/64/8/2), shrunk until they fit (``fitted``)."""
+    """Heuristic tensor-core backward configuration: the H200 4K-64K sweeps' best (window tiles
+    32/128/8 warps/3 stages over 8 parts of a KV group's heads, spans 128/64/8/2 sorted by
+    (start // 64, end)), shrunk until they fit (``fitted``)."""
     from .kernels.span_tc_backward import SPAN_TC_BACKWARD_DEFAULTS  # imports Triton on first use only
 
     return fitted(KernelConfig(SPAN_TC_BACKWARD_DEFAULTS), BACKWARD_TILES, problem, f"{SPAN_BACKWARD}/tc_tiles")

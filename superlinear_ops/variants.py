@@ -82,9 +82,13 @@ TC_SPACE = (  # the window kernels' tiles, then the span-tile kernel's (forward 
     Param("span_warps", (4, 8)),
     Param("span_stages", (2, 3)),
 )
-# The backward declares the same tiles: its faults with 3-stage span pipelines on the H200 (an empty
-# tile's NO_KEY start, whose next loop step wrapped int32) are fixed in span_tile_backward_kernel.
-TC_BACKWARD_SPACE = TC_SPACE
+# The backward declares the same tiles (its faults with 3-stage span pipelines on the H200, an empty
+# tile's NO_KEY start whose next loop step wrapped int32, are fixed in span_tile_backward_kernel),
+# how many parts the window dK/dV kernel splits a KV group's heads into, and the span tiles' sort.
+TC_BACKWARD_SPACE = TC_SPACE + (
+    Param("window_head_split", (1, 2, 4, 8, 16)),
+    Param("span_sort_block", (1, 16, 64)),
+)
 SEARCH_SPACE = (  # the layer's stripe search: queries and heads of one KV group per program
     Param("block_q", (16, 32, 64)),
     Param("block_h", (1, 2, 4, 8, 16)),

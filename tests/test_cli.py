@@ -155,3 +155,28 @@ def test_cache_import_force_replaces_faster_entries(tmp_path) -> None:
     assert [e.median_ms for e in Store.reader(store).entries()] == [0.5]  # the faster entry stays
     assert main(["cache", "import", str(slower), "--cache", str(store), "--force"]) == 0
     assert [e.median_ms for e in Store.reader(store).entries()] == [0.9]
+
+
+def test_warmup_runs_every_problem_once_so_later_calls_resolve_nothing(capsys) -> None:
+    """``warmup`` runs each unique problem of a workload once (the dispatcher's choice, resolved and
+    memoised): the same calls afterwards resolve no choice. A bad workload is an error, exit 2."""
+    import pathlib
+
+    import torch
+
+    from superlinear_ops import dispatch
+    from superlinear_ops.precompile import warmup_problem
+    from superlinear_ops.problem import device_identity
+    from superlinear_ops.tuner.tune import unique_cases
+    from superlinear_ops.tuner.workload import load
+
+    quick = pathlib.Path(__file__).resolve().parent.parent / "tuning" / "quick.yaml"
+    assert main(["warmup", str(quick), "--device", "cpu", "--no-progress", "--problems", "^(decode|training)"]) == 0
+    cases = unique_cases(load(quick).cases(device_identity(torch.device("cpu")), "^(decode|training)"))
+    assert f"warmed up {len(cases)} problems on cpu" in capsys.readouterr().out and len(cases) == 3
+    before = dispatch.DISPATCHER.resolutions
+    for case in cases:
+        warmup_problem(case.problem, torch.device("cpu"))
+    assert dispatch.DISPATCHER.resolutions == before, "a choice was resolved again after warmup"
+    assert main(["warmup", str(quick.with_name("missing.yaml")), "--device", "cpu"]) == 2
+    assert "missing.yaml" in capsys.readouterr().err

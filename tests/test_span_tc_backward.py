@@ -29,6 +29,13 @@ CASES = [
     TileCase(torch.float16, 1, 4, 1, 20, 64, 16, 1, 4, None, True, 40, False, config=SMALL),
     # fp32, rep 4, D 40, three spans, no window (sw_index 0), training positions
     TileCase(torch.float32, 1, 4, 1, 48, 48, 40, 3, 0, None, True, 20, True, config=MIXED),
+    # bf16, rep 2, B 2, D 96, float path, mask, training positions; dK/dV over the heads in 2 parts
+    # (atomic adds), span tiles sorted by (start // 16, end)
+    TileCase(torch.bfloat16, 2, 4, 2, 24, 60, 96, 3, 3, 0.55, True, 30, True,
+             config={**MIXED, "window_head_split": 2, "span_sort_block": 16}),
+    # fp16, rep 4, D 128, integer path, random positions; one part per head (split 16 > rep), spans by start
+    TileCase(torch.float16, 1, 4, 1, 20, 50, 128, 2, 2, None, False, 25, False,
+             config={**SMALL, "window_head_split": 16, "span_sort_block": 1}),
 ]
 
 
@@ -95,6 +102,19 @@ def check_gradients(case: TileCase, inputs, gen: torch.Generator, geo_q=None) ->
 @pytest.mark.parametrize("case", CASES, ids=lambda c: f"{c.dtype}-rep{c.hq // c.hkv}-K{c.spans}-W{c.window}")
 def test_backward_matches_reference(case: TileCase, gen: torch.Generator) -> None:
     check_gradients(case, make_inputs(case, gen), gen)
+
+
+@pytest.mark.parametrize("heads, split, sort_block", [(16, 1, 64), (16, 4, 16), (16, 16, 1), (10, 4, 64)])
+def test_head_parts_and_span_sorts_match_reference(heads: int, split: int, sort_block: int, gen: torch.Generator) -> None:
+    """B 2, D 64, left padding, random positions: the window dK/dV kernel over a group of 16 heads
+    in one part, in 4 parts and one part per head, and 10 heads in uneven parts (3, 3, 3, 1); span
+    tiles sorted by (start // 64, end), (start // 16, end) and by start."""
+    case = TileCase(torch.float32, 2, heads, 1, 24, 56, 64, 3, 2, None, True, 30, False,
+                    config={**MIXED, "window_head_split": split, "span_sort_block": sort_block})
+    q, k, v, qstart, qend, cache_position, mask = make_inputs(case, gen)
+    mask = torch.ones_like(mask)
+    mask[0, :5], mask[1, :9] = False, False  # left padding, a different length per batch row
+    check_gradients(case, (q, k, v, qstart, qend, cache_position, mask), gen)
 
 
 def test_spans_in_distinct_key_blocks_and_non_contiguous_q(gen: torch.Generator) -> None:

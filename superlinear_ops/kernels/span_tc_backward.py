@@ -7,16 +7,19 @@ dS = p (dO.v - delta), dQ += dS k, dK += dS^T q (both times sm_scale), dV += p^T
    c = min of the finite lse2_j, w_j = exp2(c - lse2_j) (0 for +inf), dO* = sum_j w_j dO_j and
    delta* = sum_j w_j delta_j. Every span's lse includes all window keys, so the window keys'
    gradients summed over the K spans are one flash-backward row with P = exp2(s2 - c) <= 1.
-2. ``span_tile_backward_kernel``: one program per (tile of ``span_block_m`` triples sorted by span
-   start, see span_tiles.py; (batch, KV head) group). It gathers the rows' q, dO_j, lse2_j,
-   delta_j, streams the K/V blocks of the tile's key range with tensor-core dots and per-row masks,
+2. ``span_tile_backward_kernel``: one program per (tile of ``span_block_m`` triples sorted by
+   (span start // ``span_sort_block``, span end), see span_tiles.py; (batch, KV head) group). It
+   gathers the rows' q, dO_j, lse2_j, delta_j, streams the K/V blocks of the tile's key range with tensor-core dots and per-row masks,
    adds each block's dK/dV with one atomic add per tile and key block into fp32 buffers, and its
    dQ rows once at the end (the K spans of a query live in different tiles).
 3. window_tc_backward.py: sliding-window flash backward for the window part, which adds the span
    part from the fp32 buffers and writes dQ/dK/dV in the input dtypes.
 
 Keys nobody attends (past the tile range, masked, uninitialised cache tail) are loaded as 0 and
-every per-(row, key) term goes through ``tl.where``, so they never reach a gradient.
+every per-(row, key) term goes through ``tl.where``, so they never reach a gradient. The kernels
+read Q and K with NaN and infinities as 0 (docs/semantics.md, section 2) from one pass over them
+before the kernels (``finite_operands``), not from a select on every key block in the loops (9% of
+the span kernel's time at model M's 64K training on the H200).
 No host synchronisation: grids and buffers depend on shapes only.
 """
 
@@ -24,25 +27,28 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping
+from dataclasses import replace
 
 import torch
 import triton
 import triton.language as tl
 
-from .common import LOG2E, finite_or_zero, load_key_block, tc_dot
-from .launch import LaunchGeometry, check_tile_config
+from .common import LOG2E, load_key_block, tc_dot
+from .launch import LaunchGeometry, check_tile_config, key_value_pair
 from .span_tiles import span_tile_plan
 from .window_tc_backward import operand, window_backward
 
-SPAN_TC_BACKWARD_DEFAULTS: dict[str, int] = {  # sm_90 (H200), bf16, D = 128, model M: best of a 16K sweep
+SPAN_TC_BACKWARD_DEFAULTS: dict[str, int] = {  # sm_90 (H200), bf16, D = 128, model M: best of 4K-64K sweeps
     "window_block_m": 32,  # queries per tile of the dK/dV kernel (keys per block of the dQ kernel)
     "window_block_n": 128,  # keys per block of the dK/dV kernel (queries per tile of the dQ kernel)
     "window_warps": 8,
-    "window_stages": 2,
+    "window_stages": 3,
     "span_block_m": 128,  # sorted (head, query, span) triples per tile
     "span_block_n": 64,  # keys per block
     "span_warps": 8,
     "span_stages": 2,
+    "window_head_split": 8,  # parts of a KV group's heads in the dK/dV kernel (more programs; atomics if > 1)
+    "span_sort_block": 64,  # span tiles sort by (start // 64, end): tiles cover 1.07x the keys their rows attend
 }
 SPAN_TC_BACKWARD_TUNABLES = tuple(SPAN_TC_BACKWARD_DEFAULTS)
 NO_KEY = tl.constexpr(2**31 - 1)
@@ -113,7 +119,7 @@ def span_tile_backward_kernel(
     d_mask = offs_d < D_HEAD
     rd_mask = row_ok[:, None] & d_mask[None, :]
     q_rows = batch * stride_qb + head * stride_qh + query * stride_ql
-    q = finite_or_zero(tl.load(Q_ptr + q_rows[:, None] + offs_d[None, :], mask=rd_mask, other=0.0))
+    q = tl.load(Q_ptr + q_rows[:, None] + offs_d[None, :], mask=rd_mask, other=0.0)
     do = tl.load(dO_ptr + slot[:, None] * D_HEAD + offs_d[None, :], mask=rd_mask, other=0.0)
     lse = tl.load(Lse_ptr + slot, mask=row_ok, other=float("inf"))
     live = lse == lse  # a poisoned (NaN) row passes no gradient
@@ -127,7 +133,6 @@ def span_tile_backward_kernel(
         in_range = offs_n <= tile_hi
         k, v, key_ok = load_key_block(K_ptr, V_ptr, kv_base, stride_kl, mask_ptr, batch * stride_mb, offs_n,
                                 in_range, offs_d, d_mask, HAS_MASK)
-        k = finite_or_zero(k)  # dq += ds @ k: a NaN key must not reach the rows that do not attend it
         attend = (offs_n[None, :] >= lo[:, None]) & (offs_n[None, :] <= hi[:, None]) & (key_ok[None, :] & live[:, None])
         s2 = tc_dot(q, tl.trans(k), UPCAST) * qk_scale
         p = tl.where(attend, tl.exp2(s2 - lse[:, None]), 0.0)
@@ -143,6 +148,14 @@ def span_tile_backward_kernel(
     rows = slot // K_SPANS  # (b, h, q)
     dq_mask = (row_ok & present)[:, None] & d_mask[None, :]
     tl.atomic_add(dQ_ptr + rows[:, None] * D_HEAD + offs_d[None, :], dq * sm_scale, mask=dq_mask, sem="relaxed")
+
+
+def finite_operands(geo: LaunchGeometry) -> LaunchGeometry:
+    """``geo`` with Q and K copied, NaN and infinities read as 0 (V copied too when K's copy no longer
+    has its strides, e.g. K expanded over the batch: one set of strides serves K and V)."""
+    q, k = (torch.nan_to_num(t, nan=0.0, posinf=0.0, neginf=0.0) for t in (geo.q, geo.k))
+    k, v = key_value_pair(k, geo.v)
+    return replace(geo, q=q, k=k, v=v)
 
 
 def span_backward_tc(
@@ -167,6 +180,8 @@ def span_backward_tc(
     if q.numel() == 0 or lkv == 0 or n_spans == 0:
         return torch.zeros_like(q), dk32.to(k.dtype), dv32.to(v.dtype)
     grad_out, out, lse2 = grad_out.contiguous(), out.contiguous(), lse2.contiguous()
+    geo = finite_operands(geo)
+    q, k, v = geo.q, geo.k, geo.v
     upcast = q.device.type == "cpu" and q.dtype != torch.float32  # see tc_dot
     block_d = max(16, triton.next_power_of_2(dim))
 
@@ -183,7 +198,7 @@ def span_backward_tc(
     )
 
     dq32 = torch.zeros(batch, hq, lq, dim, device=q.device, dtype=torch.float32)
-    tiles = span_tile_plan(geo)
+    tiles = span_tile_plan(geo, config["span_sort_block"])
     block_m = config["span_block_m"]
     span_tile_backward_kernel[(triton.cdiv(tiles.triples, block_m), tiles.groups)](
         q, k, v, tiles.order, tiles.lo, tiles.hi, geo.mask, grad_out, lse2, delta, dq32, dk32, dv32,

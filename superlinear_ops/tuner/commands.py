@@ -1,4 +1,4 @@
-"""The ``tune``, ``verify`` and ``bench`` commands."""
+"""The ``tune``, ``verify``, ``bench`` and ``warmup`` commands."""
 
 from __future__ import annotations
 
@@ -62,6 +62,29 @@ def bench_command(args: argparse.Namespace) -> int:
     return 0
 
 
+def warmup_command(args: argparse.Namespace) -> int:
+    """Run each workload problem's chosen kernels once, so that Triton's cache holds them compiled."""
+    from tqdm import tqdm
+
+    from .. import use_cache
+    from ..precompile import warmup
+    from ..problem import device_identity
+    from .tune import unique_cases
+    from .workload import load
+
+    if args.cache:
+        use_cache(args.cache)
+    device = select_device(args.device)  # before Triton is imported: on the CPU it must load as the interpreter
+    from triton import knobs
+
+    cases = unique_cases(load(args.workload).cases(device_identity(device), args.problems))
+    for case in tqdm(cases, desc="warmup", unit="problem", disable=args.no_progress):
+        warmup([case.problem], device)
+    where = f"Triton's cache: {knobs.cache.dir}" if device.type == "cuda" else "the CPU interpreter compiles nothing"
+    print(f"warmed up {len(cases)} problem{'' if len(cases) == 1 else 's'} on {device} ({where})")
+    return 0
+
+
 def _workload_arguments(parser: argparse.ArgumentParser, cache_help: str) -> None:
     """The arguments every workload command takes."""
     parser.add_argument("workload", help="workload YAML file, e.g. tuning/quick.yaml")
@@ -72,7 +95,7 @@ def _workload_arguments(parser: argparse.ArgumentParser, cache_help: str) -> Non
 
 
 def add_commands(commands) -> None:
-    """Register ``tune``, ``verify``, ``bench`` and ``sanitize`` on the CLI's subparsers."""
+    """Register ``tune``, ``verify``, ``bench``, ``warmup`` and ``sanitize`` on the CLI's subparsers."""
     tune = commands.add_parser(
         "tune", help="search the best variant and configuration for every problem of a workload",
         description="Tune a workload file (see tuning/). Each problem gets an Optuna study named by its key; "
@@ -113,6 +136,17 @@ def add_commands(commands) -> None:
     bench.add_argument("--output", "-o", default="bench.json", help="JSON file to write (default bench.json)")
     bench.add_argument("--plot", default=None, help="PNG file to write (needs matplotlib)")
     bench.set_defaults(handler=bench_command)
+
+    warm = commands.add_parser(
+        "warmup", help="compile a workload's kernels ahead of time into Triton's cache",
+        description="Run the dispatcher's choice for every problem of a workload once, on zero inputs of its real "
+        "shape (forward and backward for training), so that Triton's on-disk cache (TRITON_CACHE_DIR, printed at the "
+        "end) holds every kernel a deployment calls: bake it into a server's image and the first request compiles "
+        "nothing. Also builds the decode geometry tables of the process.",
+    )
+    _workload_arguments(warm, "explicit cache the dispatcher reads (SQLite, YAML or URL)")
+    warm.add_argument("--no-progress", action="store_true", help="no progress bar")
+    warm.set_defaults(handler=warmup_command)
 
     from .sanitize import add_command as add_sanitize_command
 
