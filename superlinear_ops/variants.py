@@ -196,8 +196,9 @@ REGISTRY.register(Variant(
     reasons=partial(tc_reasons, BACKWARD_TILES, tc_backward_default),
     compile_check=partial(with_compiled, partial(tile_check, BACKWARD_TILES), f"{SPAN_BACKWARD}/tc_tiles"), default=tc_backward_default,
     priority=0,  # 79x faster than fused_split at training 4K on the H200 (scripts/training_compare.py)
-    description="tensor cores: the window part once per query (sliding-window flash backward, dK/dV in registers), "
-    "spans in tiles of sorted (query, span) pairs with one dK/dV add per tile and key block",
+    description="tensor cores: the window part once per query (sliding-window flash backward, dK/dV in registers over "
+    "parts of a KV group's heads), spans in tiles of (query, span) pairs sorted by start block and end, with one dK/dV "
+    "add per tile and key block",
 ))
 for fused in (True, False):
     for split in (True, False):
