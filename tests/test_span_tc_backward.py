@@ -161,3 +161,16 @@ def test_bad_config_names_the_key(name: str) -> None:
             span_backward_tc(geo, {**SMALL, name: bad}, out, lse, out)
     with pytest.raises(ValueError, match=name):
         span_backward_tc(geo, {key: val for key, val in SMALL.items() if key != name}, out, lse, out)
+
+
+@pytest.mark.parametrize("name", ["window_head_split", "span_sort_block"])
+def test_bad_head_split_or_sort_block_names_the_key(name: str) -> None:
+    case = CASES[0]
+    inputs = make_inputs(case, torch.Generator().manual_seed(0))
+    out, lse = forward(case, *inputs)
+    geo = LaunchGeometry.prepare(*inputs, case.window)
+    for bad, message in ((0, "positive int"), (True, "positive int"), (3, "power of two")):
+        with pytest.raises(ValueError, match=f"{name}.*{message}"):
+            span_backward_tc(geo, {**SMALL, name: bad}, out, lse, out)
+    with pytest.raises(ValueError, match=name):
+        span_backward_tc(geo, {key: val for key, val in SMALL.items() if key != name}, out, lse, out)
