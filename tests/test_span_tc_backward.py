@@ -150,26 +150,21 @@ def test_unattended_nan_keys_never_reach_a_gradient(gen: torch.Generator) -> Non
     assert torch.equal(grads[1][:, :, dead], torch.zeros_like(grads[1][:, :, dead]))
 
 
-@pytest.mark.parametrize("name", ["span_block_m", "window_block_n"])
+BAD_VALUES = {  # tunable -> (bad value, what the message says)
+    "span_block_m": ((24, "power of two"), (8, "must be in \\[16, 256\\]")),
+    "window_block_n": ((24, "power of two"), (8, "must be in \\[16, 256\\]")),
+    "window_head_split": ((0, "positive int"), (True, "positive int"), (3, "power of two")),
+    "span_sort_block": ((0, "positive int"), (True, "positive int"), (3, "power of two")),
+}
+
+
+@pytest.mark.parametrize("name", list(BAD_VALUES))
 def test_bad_config_names_the_key(name: str) -> None:
     case = CASES[0]
     inputs = make_inputs(case, torch.Generator().manual_seed(0))
     out, lse = forward(case, *inputs)
     geo = LaunchGeometry.prepare(*inputs, case.window)
-    for bad, message in ((24, "power of two"), (8, "must be in \\[16, 256\\]")):
-        with pytest.raises(ValueError, match=f"{name}.*{message}"):
-            span_backward_tc(geo, {**SMALL, name: bad}, out, lse, out)
-    with pytest.raises(ValueError, match=name):
-        span_backward_tc(geo, {key: val for key, val in SMALL.items() if key != name}, out, lse, out)
-
-
-@pytest.mark.parametrize("name", ["window_head_split", "span_sort_block"])
-def test_bad_head_split_or_sort_block_names_the_key(name: str) -> None:
-    case = CASES[0]
-    inputs = make_inputs(case, torch.Generator().manual_seed(0))
-    out, lse = forward(case, *inputs)
-    geo = LaunchGeometry.prepare(*inputs, case.window)
-    for bad, message in ((0, "positive int"), (True, "positive int"), (3, "power of two")):
+    for bad, message in BAD_VALUES[name]:
         with pytest.raises(ValueError, match=f"{name}.*{message}"):
             span_backward_tc(geo, {**SMALL, name: bad}, out, lse, out)
     with pytest.raises(ValueError, match=name):

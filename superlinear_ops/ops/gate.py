@@ -8,13 +8,14 @@ parts (``ops.attention_layer``) and a tuned entry's key then agree; ``check`` re
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
 import torch
 
 from .. import dispatch
 from ..layer.gate_ops import EMPTY_SCORE, GATE, GATE_BACKWARD
 from ..problem import Problem, device_identity
+from .inputs import FloatCast
 from .spec import DenseCalls, OpSpec
 
 UNSEEN = dict(masked=False, sw_index=0, power="int2")  # what a gate call does not see, fixed
@@ -62,7 +63,7 @@ class GateOp(OpSpec):
 
 
 @dataclass
-class GateInputs:
+class GateInputs(FloatCast):
     """The gate's inputs: scores [B, Hq, Lq, topk] (fp32), span outputs [B, Hq, Lq, topk, D] and, for
     the backward, the output's gradient [B, Hq, Lq, D]."""
 
@@ -74,11 +75,6 @@ class GateInputs:
     def device(self) -> torch.device:
         """Where the inputs live (the device the tuner synchronises)."""
         return self.span_out.device
-
-    def cast(self, dtype: torch.dtype) -> GateInputs:
-        """The same inputs in ``dtype``."""
-        grad_out = None if self.grad_out is None else self.grad_out.to(dtype)
-        return replace(self, scores=self.scores.to(dtype), span_out=self.span_out.to(dtype), grad_out=grad_out)
 
 
 def _elements(problem: Problem) -> tuple[int, int, int, int]:

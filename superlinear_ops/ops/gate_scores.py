@@ -3,17 +3,18 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
 import torch
 
 from ..layer.gate_ops import EMPTY_SCORE, GATE_SCORES, GATE_SCORES_BACKWARD
 from ..problem import Problem
 from .gate import EMPTY_SLOTS, UNSEEN, GateOp
+from .inputs import FloatCast
 
 
 @dataclass
-class ScoreInputs:
+class ScoreInputs(FloatCast):
     """The gate scores' inputs: Q1 [B, Hq, Lq, D], K [B, Hkv, Lkv, D], int64 anchors [B, Hq, Lq, topk]
     (-1: empty) and, for the backward, the scores' gradient (fp32)."""
 
@@ -26,11 +27,6 @@ class ScoreInputs:
     def device(self) -> torch.device:
         """Where the inputs live (the device the tuner synchronises)."""
         return self.k.device
-
-    def cast(self, dtype: torch.dtype) -> ScoreInputs:
-        """The same inputs with the floating tensors in ``dtype``."""
-        grad = None if self.grad is None else self.grad.to(dtype)
-        return replace(self, q1=self.q1.to(dtype), k=self.k.to(dtype), grad=grad)
 
 
 def split_empty(scores: torch.Tensor, anchors: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

@@ -6,15 +6,25 @@ the kinds a workload names (``decode_mask``). The op specs build on ``random_inp
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, fields, replace
 
 import torch
 
 from ..problem import Problem
 
 
+class FloatCast:
+    """Mixin of the input dataclasses: ``cast`` converts every floating-point tensor field."""
+
+    def cast(self, dtype: torch.dtype):
+        """The same inputs with the floating tensors in ``dtype`` (index, mask and None fields kept)."""
+        values = {f.name: getattr(self, f.name) for f in fields(self)}
+        return replace(self, **{name: value.to(dtype) for name, value in values.items()
+                                if isinstance(value, torch.Tensor) and value.is_floating_point()})
+
+
 @dataclass
-class Inputs:
+class Inputs(FloatCast):
     """Tensors for one problem (decode uses q1/q2 and ignores the span tensors)."""
 
     q: torch.Tensor
@@ -31,11 +41,6 @@ class Inputs:
     def device(self) -> torch.device:
         """Where the inputs live (the device the tuner synchronises)."""
         return self.k.device
-
-    def cast(self, dtype: torch.dtype) -> "Inputs":
-        """The same inputs with the floating tensors in ``dtype``."""
-        f = lambda t: None if t is None else t.to(dtype)  # noqa: E731
-        return replace(self, q=f(self.q), k=f(self.k), v=f(self.v), q1=f(self.q1), grad_out=f(self.grad_out))
 
 
 def search_like_spans(shape: tuple[int, int, int, int], cache_position: torch.Tensor, key_length: int, window: int,
