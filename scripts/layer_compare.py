@@ -5,11 +5,13 @@ Parts (``--parts``, default all, in this order):
   composition run on our anchors), the share of (head, query) rows whose anchors differ from the
   float64 search's, and a prefill chunk captured in a CUDA graph and replayed (also after moving
   the chunk) compared with eager;
-- sweep: the Triton search's tiles at 8192 over 139,264 and 32,768 over 1,048,576 keys;
-- targets: the public op (tuned cache as installed), dense SDPA, the original package's best path
-  (``fused_prefill_with_swtriton_bucketed_gqa``) where it runs, and the lower bound: prefill chunks
-  over growing prefixes, 32,768 over 1M, the search alone, training fwd + bwd 4K/16K/64K, with
-  per-kernel times (PyTorch profiler) of the large cases.
+- sweep: both Triton searches' tiles at 8192 over 139,264 and 32,768 over 1,048,576 keys;
+- targets: the public op (tuned cache as installed), dense SDPA with the cuDNN and the flash backend
+  forced (prefill: the chunk over the prefix without a mask plus the causal chunk over itself;
+  training: causal), the original package's best path (``fused_prefill_with_swtriton_bucketed_gqa``)
+  where it runs, and the lower bounds: prefill chunks over growing prefixes, 32,768 over 1M, the
+  search alone, training fwd + bwd 4K/16K/64K, with per-kernel times (PyTorch profiler) of the
+  large cases.
 
 Model M: B 1, Hq 32, Hkv 2, D 128, bf16, sw_index 65 (W 2032), search power 0.55, span power 0.55,
 bf 3, ff 1, topk 3. Run on a GPU:  PYTHONPATH=. python scripts/layer_compare.py --out layer.json
@@ -24,6 +26,7 @@ import torch
 import torch.nn.functional as F
 import triton
 from prefill_compare import bench, profile, time_few  # this folder's model-M comparison helpers
+from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from superlinear_ops import geometry, torch_ops
 from superlinear_ops.kernels.launch import KernelConfig
@@ -31,6 +34,7 @@ from superlinear_ops.layer.attention import spans_of_anchors
 from superlinear_ops.layer.composition import attention_layer
 from superlinear_ops.layer.search import search_reference
 from superlinear_ops.layer.search_kernel import search_default, tiled_search
+from superlinear_ops.layer.stripe_tile_search import stripe_tile_default, stripe_tile_search
 from superlinear_ops.layer_api import superlinear_attention
 from superlinear_ops.reference import span_forward_reference
 from superlinear_ops.settings import SpanSettings
@@ -48,7 +52,13 @@ PREFILL = [(8192, 8192), (8192, 16384), (8192, 32768), (8192, 65536), (8192, 139
 TRAINING = [4096, 16384, 65536]
 PROFILED = {"prefill 8192 over 139264", "prefill 32768 over 1048576", "training 16384"}
 SWEEP_SHAPES = [(8192, 139264), (32768, 1048576)]
-SWEEP = [(bq, bh, w, st) for bq in (16, 32) for bh in (4, 8, 16) for w in (4, 8) for st in (1, 2, 3)]
+SWEEP = {  # per Triton search: its launcher and configurations
+    "tiled_search": (tiled_search, [KernelConfig(block_q=bq, block_h=bh, num_warps=w, num_stages=st)
+                                    for bq in (16, 32) for bh in (8, 16) for w in (4, 8) for st in (1, 2)]),
+    "stripe_tiles": (stripe_tile_search, [KernelConfig(block_s=bs, block_h=16, block_q=1, num_warps=w)
+                                          for bs in (16, 32, 64, 128) for w in (1, 2, 4)]),
+}
+BACKENDS = {"cudnn": SDPBackend.CUDNN_ATTENTION, "flash": SDPBackend.FLASH_ATTENTION}
 ORIGINAL_SKIP = {"training 65536"}  # the original needs about 2.4 s per 16K step: 64K would take minutes
 
 
@@ -77,15 +87,23 @@ def reference_layer(q1, q2, k, v, cp, mask, anchors):
     return attention_layer(q1, k, anchors, cp, mask, settings, spans, torch.float64)
 
 
+def rows_with_other_anchor_sets(a, b):
+    """Share of (head, query) rows whose anchor sets differ; -1 slots pad the narrower (topk clamped to the stripes)."""
+    width = max(a.shape[-1], b.shape[-1])
+    a, b = (F.pad(t, (0, width - t.shape[-1]), value=-1).sort(-1).values for t in (a, b))
+    return (a != b).any(-1).double().mean().item()
+
+
 def check_case(name, lq, lkv, front):
     q1, q2, k, v, cp, mask = inputs(lq, lkv, seed=1, masked_front=front, grad=True)
     out = superlinear_attention(q1, q2, k, v, cp, mask, **ARGS)
     grad = torch.randn_like(out)
     got = torch.autograd.grad(out, (q1, q2, k, v), grad)
     settings = SETTINGS.for_keys(lkv)
-    ours = tiled_search(q1.detach(), k.detach(), cp, mask, settings, search_default(HQ // HKV, D))
+    with torch.no_grad():
+        ours = torch_ops.layer_search(q1, k, cp, mask, SW_INDEX, TOPK, BF, FF, SPAN_POWER, POWER, None)
     exact = search_reference(q1.detach().double(), k.detach().double(), cp, mask, settings, KernelConfig())
-    differ = (ours.sort(-1).values != exact.sort(-1).values).any(-1).double().mean().item()
+    differ = rows_with_other_anchor_sets(ours, exact)
     x64 = [t.detach().double().requires_grad_(True) for t in (q1, q2, k, v)]
     ref = reference_layer(*x64, cp, mask, ours)
     want = torch.autograd.grad(ref, x64, grad.double())
@@ -130,17 +148,19 @@ def sweep_shape(lq, lkv):
     settings = SETTINGS.for_keys(lkv)
     base = tiled_search(q1, k, cp, None, settings, search_default(HQ // HKV, D)).sort(-1).values
     rows = []
-    for bq, bh, w, st in SWEEP:
-        config = KernelConfig(block_q=bq, block_h=bh, num_warps=w, num_stages=st)
-        try:
-            same = (tiled_search(q1, k, cp, None, settings, config).sort(-1).values == base).all(-1).double().mean().item()
-            rows.append({"config": dict(config), "ms": bench(lambda: tiled_search(q1, k, cp, None, settings, config), rep=50),
-                         "rows_equal_default": same})
-        except Exception as exc:  # noqa: BLE001
-            rows.append({"config": dict(config), "error": f"{type(exc).__name__}: {exc}"[:200]})
+    for name, (launch, configs) in SWEEP.items():
+        for config in configs:
+            row = {"variant": name, "config": dict(config)}
+            try:
+                same = (launch(q1, k, cp, None, settings, config).sort(-1).values == base).all(-1).double().mean().item()
+                row.update(ms=bench(lambda: launch(q1, k, cp, None, settings, config), rep=50), rows_equal_tiled_default=same)
+            except Exception as exc:  # noqa: BLE001
+                row["error"] = f"{type(exc).__name__}: {exc}"[:200]
+            rows.append(row)
     rows.sort(key=lambda r: r.get("ms", float("inf")))
     print(lq, lkv, rows[:3], flush=True)
-    return {"default": dict(search_default(HQ // HKV, D)), "rows": rows}
+    return {"defaults": {"tiled_search": dict(search_default(HQ // HKV, D)),
+                         "stripe_tiles": dict(stripe_tile_default(HQ // HKV, D))}, "rows": rows}
 
 
 def sweep():
@@ -150,18 +170,50 @@ def sweep():
 
 
 def lower_bound(lq, lkv, training, anchors, cp):
+    """Bytes over bandwidth or FLOPs over the tensor-core rate, for the layer and for the search;
+    also the search's gathered key rows over bandwidth (one 2*D-byte row per (query, KV head, stripe))."""
     qstart, qend = spans_of_anchors(anchors, cp, lkv, None, SETTINGS.for_keys(lkv))
     pos = cp.long().clamp(max=lkv - 1)
     lo_w = (pos - WINDOW + 1).clamp(min=0)
     window_keys = (pos - lo_w + 1).sum().item() * HQ
     span_keys = (qend - qstart + 1).clamp(min=0).sum().item()
     attn = 4 * D * (window_keys + span_keys) * (3.5 if training else 1.0)
-    stripes = geometry.stripe_count(lkv, SW_INDEX, PARAMS) - SW_INDEX
-    search = 2 * D * HQ * lq * stripes
+    offsets = geometry.stripe_offsets_tensor(lkv, SW_INDEX, PARAMS, cp.device)
+    stripe_total = int(torch.searchsorted(offsets, pos + 1, right=True).sum().item())  # (query, stripe) pairs
+    search = 2 * D * HQ * stripe_total
     bytes_ = 2 * (2 * HQ * lq * D + 2 * HKV * lkv * D + HQ * lq * TOPK * D) * (3 if training else 1)
-    ms = 1e3 * max(bytes_ / BANDWIDTH, attn / BF16_FLOPS + search / FP32_FMA_FLOPS)
+    search_bytes = 2 * (HQ * lq * D + HKV * lkv * D)
+    gathered = 2 * D * HKV * stripe_total
+    ms = 1e3 * max(bytes_ / BANDWIDTH, (attn + search) / BF16_FLOPS)
     return {"ms": ms, "attention_tflop": attn / 1e12, "search_tflop": search / 1e12, "gb": bytes_ / 1e9,
-            "basis": "max(bytes / 4.3 TB/s, attention FLOPs / 790 TFLOP/s + search FLOPs / 67 TFLOP/s fp32)"}
+            "search_ms": 1e3 * max(search_bytes / BANDWIDTH, search / BF16_FLOPS),
+            "search_gathered_gb": gathered / 1e9, "search_gathered_ms": 1e3 * gathered / BANDWIDTH,
+            "basis": "max(bytes / 4.3 TB/s, FLOPs / 790 TFLOP/s bf16 tensor cores); search alone likewise, and its "
+                     "gathered stripe rows / 4.3 TB/s (what an L2 miss on every row would cost)"}
+
+
+def dense_times(q, k, v, training, grad):
+    """SDPA with each backend forced (ms): training causal fwd + bwd; prefill the chunk over the
+    prefix without a mask plus the chunk over itself, causal (K/V repeated to Hq heads outside the timing)."""
+    lq, lkv = q.shape[2], k.shape[2]
+    kd, vd = (t.detach().repeat_interleave(HQ // HKV, dim=1).requires_grad_(training) for t in (k, v))
+    qd = q.detach().requires_grad_(training)
+    times = {}
+    for name, backend in BACKENDS.items():
+        def run(backend=backend):
+            with sdpa_kernel(backend):
+                if training:
+                    out = F.scaled_dot_product_attention(qd, kd, vd, is_causal=True)
+                    torch.autograd.grad(out, (qd, kd, vd), grad)
+                    return
+                F.scaled_dot_product_attention(qd, kd[:, :, lkv - lq:], vd[:, :, lkv - lq:], is_causal=True)
+                if lkv > lq:
+                    F.scaled_dot_product_attention(qd, kd[:, :, :lkv - lq], vd[:, :, :lkv - lq])
+        try:
+            times[f"sdpa_{name}_ms"] = bench(run)
+        except RuntimeError as exc:
+            times[f"sdpa_{name}_error"] = str(exc)[:200]
+    return times
 
 
 def original_module():
@@ -187,16 +239,7 @@ def target_case(name, lq, lkv, training, original):
         anchors = torch_ops.layer_search(q1, k, cp, None, SW_INDEX, TOPK, BF, FF, SPAN_POWER, POWER, None)
     row["search_ms"] = bench(lambda: torch_ops.layer_search(q1, k, cp, None, SW_INDEX, TOPK, BF, FF, SPAN_POWER, POWER, None))
     row["bound"] = lower_bound(lq, lkv, training, anchors, cp)
-    kd, vd = (t.detach().repeat_interleave(HQ // HKV, dim=1).requires_grad_(training) for t in (k, v))
-    qd = q2.detach().requires_grad_(training)
-
-    def dense():
-        out = F.scaled_dot_product_attention(qd, kd, vd, is_causal=training)
-        if training:
-            torch.autograd.grad(out, (qd, kd, vd), grad)
-
-    row["sdpa_ms"] = bench(dense)
-    row["sdpa_kind"] = "causal forward + backward (K/V repeated to 32 heads outside the timing)" if training else "no causal mask"
+    row.update(dense_times(q2, k, v, training, grad))
     if original is not None and name not in ORIGINAL_SKIP:
         def theirs():
             out = original.fused_prefill_with_swtriton_bucketed_gqa(
@@ -211,8 +254,10 @@ def target_case(name, lq, lkv, training, original):
         torch.cuda.empty_cache()
     if name in PROFILED:
         row["kernels"] = profile(ours)[:12]
-    row["ours_vs_sdpa"] = row["sdpa_ms"] / row["ours_ms"]
-    print(name, {k_: row.get(k_) for k_ in ("ours_ms", "search_ms", "sdpa_ms", "original_ms")}, f"bound {row['bound']['ms']:.2f}", flush=True)
+    row["ours_vs_cudnn"] = row.get("sdpa_cudnn_ms", float("nan")) / row["ours_ms"]
+    print(name, {k_: row.get(k_) for k_ in ("ours_ms", "search_ms", "sdpa_cudnn_ms", "sdpa_flash_ms", "original_ms")},
+          f"bound {row['bound']['ms']:.2f} (search {row['bound']['search_ms']:.2f}, gathered {row['bound']['search_gathered_ms']:.2f})",
+          flush=True)
     return row
 
 

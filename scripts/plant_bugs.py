@@ -36,6 +36,9 @@ REF = "superlinear_ops/reference.py"
 VARIANTS = "tests/test_variants.py"
 LSK = "superlinear_ops/layer/search_kernel.py"
 LSR = "superlinear_ops/layer/search.py"
+STS = "superlinear_ops/layer/stripe_tile_search.py"
+TUNE = "superlinear_ops/tuner/tune.py"
+SHAPES = "tests/test_layer_search_shapes.py"
 LATT = "superlinear_ops/layer/attention.py"
 LGK = "superlinear_ops/layer/gate_kernel.py"
 LGO = "superlinear_ops/layer/gate_ops.py"
@@ -89,6 +92,14 @@ PLANTS = {
     "layer search drops the stripe at key 0": (LSK, "torch.searchsorted(offsets, t, right=True)", "torch.searchsorted(offsets, t, right=False)", LAYER),
     "layer search ignores the mask": (LSK, "valid = valid & (tl.load(mask_ptr + mask_base + loc, mask=valid, other=0) != 0)", "valid = valid", LAYER),
     "layer search keeps the first slot only": (LSK, "take = is_worst & (best_key == worst_key[:, None])", "take = is_worst & (slot == 0)", LAYER),
+    "stripe-tile search ties across tiles: the nearer stripe wins": (STS, "go = present & (top >= worst)\n", "go = present & (top > worst)\n", f"{SHAPES} -k merges"),
+    "stripe-tile search takes one candidate per tile": (STS, "go = beats & present & (top >= worst)", "go = beats & present & (top != top)", f"{LAYER} {SHAPES}"),
+    "stripe-tile search scores a neighbour query's keys": (STS, "own_query = (rows // BLOCK_H)[:, None] == (cols // BLOCK_S)[None, :]", "own_query = (rows // BLOCK_H)[:, None] >= 0", LAYER),
+    "stripe-tile search ignores the mask": (STS, "valid = valid & (tl.load(mask_ptr + mask_base + loc, mask=valid, other=0) != 0)", "valid = valid", LAYER),
+    "stripe-tile search skips a tile's first stripe": (STS, "    j = j0 + offs_s\n", "    j = j0 + offs_s + (offs_s == 0).to(tl.int32)\n", f"{SHAPES} -k merges"),
+    "stripe-tile search prefetches half a tile ahead": (STS, "j0 + BLOCK_S, N_STRIPES, t_c, n_c", "j0 + BLOCK_S // 2, N_STRIPES, t_c, n_c", f"{SHAPES} -k merges"),
+    "stripe-tile search: an empty slot gives anchor 0": (STS, "anchors = tl.where(found, t_r[:, None] - offset, -1)", "anchors = tl.where(found, t_r[:, None] - offset, 0)", LAYER),
+    "tuner stores a winner the confirmation found slower": (TUNE, 'if confirmed["median_ms"] < confirmed["default_ms"] * (1.0 - CONFIRM_MARGIN):', "if True:", "tests/test_tuner.py -k winner_is_stored"),
     "layer reference search ties: the nearer stripe wins": (LSR, "order = torch.sort(scores.flip(-1), dim=-1, descending=True, stable=True).indices[..., : settings.topk]\n        best = torch.gather(scores.flip(-1), -1, order)\n        stripe = n_stripes - 1 - order", "order = torch.sort(scores, dim=-1, descending=True, stable=True).indices[..., : settings.topk]\n        best = torch.gather(scores, -1, order)\n        stripe = order", LAYER),
     "layer reference search drops the stripe at key 0": (LSR, "valid = (loc >= 0).expand(", "valid = (loc > 0).expand(", LAYER),
     "layer gate: empty slots score +1e9": (LGO, "EMPTY_SCORE = -1e9", "EMPTY_SCORE = 1e9", LAYER),

@@ -19,43 +19,20 @@ import subprocess
 import sys
 
 import torch
-import torch.nn.functional as F
 import triton
-from layer_compare import ARGS, HKV, HQ, D, check_case, inputs, original_module, target_case  # this folder's helpers
-from prefill_compare import bench, profile
-from torch.nn.attention import SDPBackend, sdpa_kernel
+from layer_compare import ARGS, HQ, D, check_case, inputs, original_module, target_case  # this folder's helpers
+from prefill_compare import profile
 
 from superlinear_ops.kernels import span_tc_backward, window_tc_backward
 from superlinear_ops.layer_api import superlinear_attention
 
 LENGTHS = (4096, 16384, 65536)
-BACKENDS = {"cudnn": SDPBackend.CUDNN_ATTENTION, "flash": SDPBackend.FLASH_ATTENTION}
 BACKWARD_KERNELS = (span_tc_backward.combine_rows_kernel, span_tc_backward.span_tile_backward_kernel,
                     window_tc_backward.window_dkdv_kernel, window_tc_backward.window_dq_kernel)
 
 
-def dense_times(n: int) -> dict:
-    """Causal SDPA forward + backward at model M's shape with each backend forced (ms)."""
-    _, q, k, v, _, _ = inputs(n, n, seed=4, grad=True)
-    grad = torch.randn(1, HQ, n, D, device="cuda", dtype=torch.bfloat16)
-    kd, vd = (t.detach().repeat_interleave(HQ // HKV, dim=1).requires_grad_(True) for t in (k, v))
-    qd = q.detach().requires_grad_(True)
-    times = {}
-    for name, backend in BACKENDS.items():
-        def step(backend=backend):
-            with sdpa_kernel(backend):
-                out = F.scaled_dot_product_attention(qd, kd, vd, is_causal=True)
-                torch.autograd.grad(out, (qd, kd, vd), grad)
-        try:
-            times[f"sdpa_{name}_ms"] = bench(step)
-        except RuntimeError as exc:
-            times[f"sdpa_{name}_error"] = str(exc)[:200]
-    return times
-
-
 def training_row(n: int, original) -> dict:
-    row = target_case(f"training {n}", n, n, True, original if n <= 16384 else None)
-    row.update(dense_times(n))
+    row = target_case(f"training {n}", n, n, True, original if n <= 16384 else None)  # with SDPA per backend
     row["useful_tflops"] = row["bound"]["attention_tflop"] / (row["ours_ms"] * 1e-3)
     if "kernels" not in row:  # target_case profiles only its own list of cases
         q1, q2, k, v, cp, _ = inputs(n, n, seed=4, grad=True)

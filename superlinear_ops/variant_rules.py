@@ -160,6 +160,26 @@ def search_check(problem: Problem, config: KernelConfig) -> str | None:
     return None
 
 
+def stripe_tile_check(problem: Problem, config: KernelConfig) -> str | None:
+    """Why a stripe-tile search configuration cannot run well: heads past the group, dots under 16
+    rows or columns, more queries than needed at 16 heads, or registers (GPU only): Q1 (16-bit
+    pairs), the prefetched tile of stripe keys, the scores and the kept top-k."""
+    if config.block_h > next_power_of_two(problem.rep):
+        return f"block_h {config.block_h} > the {problem.rep} query heads of a KV group"
+    rows, cols = config.block_q * config.block_h, config.block_q * config.block_s
+    if rows < 16 or cols < 16:
+        return f"block_q * block_h = {rows} rows and block_q * block_s = {cols} columns: a tensor-core dot needs 16 of each"
+    if config.block_q > 1 and config.block_h >= 16:
+        return f"block_q {config.block_q} with block_h {config.block_h}: 16 heads already fill the dot's rows"
+    if not problem.device.is_gpu:
+        return None
+    half_d = next_power_of_two(problem.head_dim) // 2
+    values = rows * (half_d + cols + 2 * next_power_of_two(problem.spans)) + cols * half_d
+    if values / (32 * config.num_warps) > MAX_TC_VALUES_PER_THREAD:
+        return f"registers: about {values / (32 * config.num_warps):.0f} values per thread (limit {MAX_TC_VALUES_PER_THREAD})"
+    return None
+
+
 def no_check(problem: Problem, config: KernelConfig) -> str | None:
     """The reference has nothing to compile."""
     return None
@@ -235,6 +255,17 @@ def search_default(problem: Problem) -> KernelConfig:
     from .layer.search_kernel import search_default as tiles  # imports Triton on first use only
 
     return tiles(problem.rep, problem.head_dim)
+
+
+def stripe_tile_default(problem: Problem) -> KernelConfig:
+    """Heuristic stripe-tile search tiles (``layer.stripe_tile_search.stripe_tile_default``), with as
+    many more warps as the register estimate asks for."""
+    from .layer.stripe_tile_search import stripe_tile_default as tiles
+
+    config = tiles(problem.rep, problem.head_dim)
+    while stripe_tile_check(problem, config) is not None and config.num_warps < 8:  # wide tiles: more warps
+        config = config.replace(num_warps=2 * config.num_warps)
+    return config
 
 
 def reference_default(problem: Problem) -> KernelConfig:

@@ -54,6 +54,8 @@ from .variant_rules import (
     search_default,
     search_reasons,
     split_reasons,
+    stripe_tile_check,
+    stripe_tile_default,
     tc_backward_default,
     tc_forward_default,
     tc_reasons,
@@ -94,6 +96,12 @@ SEARCH_SPACE = (  # the layer's stripe search: queries and heads of one KV group
     Param("block_h", (1, 2, 4, 8, 16)),
     Param("num_warps", (4, 8)),
     Param("num_stages", (1, 2, 3)),
+)
+STRIPE_TILE_SPACE = (  # the layer's stripe search over tiles of stripes: one dot per tile of each query's stripes
+    Param("block_s", (16, 32, 64, 128)),
+    Param("block_h", (1, 2, 4, 8, 16)),
+    Param("block_q", (1, 2, 4, 8, 16)),
+    Param("num_warps", (1, 2, 4, 8)),
 )
 # --- launchers ----------------------------------------------------------------------------------
 
@@ -144,6 +152,13 @@ def reference_backward(geo, config, out, lse, grad_out):
 def tiled_search(q1, k, cache_position, attention_mask, settings: SpanSettings, config: KernelConfig):
     """The layer's Triton stripe search."""
     from .layer.search_kernel import tiled_search as search
+
+    return search(q1, k, cache_position, attention_mask, settings, config)
+
+
+def stripe_tile_search(q1, k, cache_position, attention_mask, settings: SpanSettings, config: KernelConfig):
+    """The layer's Triton stripe search over tiles of stripes."""
+    from .layer.stripe_tile_search import stripe_tile_search as search
 
     return search(q1, k, cache_position, attention_mask, settings, config)
 
@@ -246,9 +261,16 @@ REGISTRY.register(Variant(
 ))
 REGISTRY.register(Variant(
     op=ATTENTION_LAYER, name="tiled_search", launch=tiled_search, space=SEARCH_SPACE, reasons=search_reasons,
-    compile_check=search_check, default=search_default, priority=0,
+    compile_check=search_check, default=search_default, priority=1,
     description="Triton stripe search: per stripe, one gathered key row per query scored against several heads' "
     "rows by one tensor-core dot (its diagonal); top-k in registers; spans and window by the span ops' dispatch",
+))
+REGISTRY.register(Variant(
+    op=ATTENTION_LAYER, name="stripe_tiles", launch=stripe_tile_search, space=STRIPE_TILE_SPACE, reasons=search_reasons,
+    compile_check=stripe_tile_check, default=stripe_tile_default,
+    priority=0,  # 4.2x (8192 over 139,264) to 4.8x (32,768 over 1M) faster than tiled_search on the H200 at model M
+    description="Triton stripe search over tiles of stripes: each query's heads scored against a tile of its stripe "
+    "keys by one tensor-core dot (no product wasted at 16 heads per KV group); top-k in registers",
 ))
 REGISTRY.register(Variant(
     op=ATTENTION_LAYER, name="reference", launch=search_reference, space=(), reasons=always_applies,

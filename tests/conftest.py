@@ -16,7 +16,7 @@ os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [_ROOT, os.environ.get("
 
 import pytest
 import torch
-from helpers import SEED_ENV, resolve_seed, seed_params
+from helpers import SEED_ENV, TRITON_SEARCHES, KernelSpy, SearchSpies, resolve_seed, seed_params
 
 
 def pytest_configure(config) -> None:
@@ -75,3 +75,13 @@ def postgres_url():
     with admin.connect() as conn:
         conn.execute(text(f"DROP DATABASE {name} WITH (FORCE)"))
     admin.dispose()
+
+
+@pytest.fixture
+def search_spy(monkeypatch) -> SearchSpies:
+    """Every Triton layer-search kernel replaced by a KernelSpy that counts its launches."""
+    spies = SearchSpies()
+    for name, (module, kernel) in TRITON_SEARCHES.items():
+        spies[name] = KernelSpy(getattr(module, kernel))
+        monkeypatch.setattr(module, kernel, spies[name])
+    return spies

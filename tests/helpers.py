@@ -17,6 +17,8 @@ import oracle
 import pytest
 import torch
 
+from superlinear_ops.layer import search_kernel, stripe_tile_search
+
 SEED_ENV = "SUPERLINEAR_OPS_TEST_SEED"  # "123" or "1,2,3": replay these seeds; "random": fresh seeds
 BLOCK_K = 16  # key block the tests launch with (the smallest every kernel takes)
 
@@ -223,3 +225,28 @@ def assert_close(actual: torch.Tensor, expected: torch.Tensor, dtype: torch.dtyp
     assert norm_err <= tol * e.norm().item() + 1e-300, (
         f"{what}: relative error in norm {norm_err / max(e.norm().item(), 1e-300):.3g} exceeds {tol:.3g}"
     )
+
+
+class KernelSpy:
+    """Counts the launches of a Triton kernel (stands in for it in its module)."""
+
+    def __init__(self, kernel) -> None:
+        self.kernel, self.launches = kernel, 0
+
+    def __getitem__(self, grid):
+        self.launches += 1
+        return self.kernel[grid]
+
+
+TRITON_SEARCHES = {  # Triton search variant: (its kernel's module, the kernel's name)
+    "tiled_search": (search_kernel, "layer_search_kernel"),
+    "stripe_tiles": (stripe_tile_search, "stripe_tile_search_kernel"),
+}
+
+
+class SearchSpies(dict):
+    """A KernelSpy per Triton search variant; ``launches`` counts them all."""
+
+    @property
+    def launches(self) -> int:
+        return sum(spy.launches for spy in self.values())

@@ -87,14 +87,18 @@ def test_ctrl_c_during_tune_leaves_no_false_record_and_resumes(tmp_path) -> None
     interrupter = textwrap.dedent("""\
         import os, signal, sys, time
         from superlinear_ops.tuner import worker
-        original, calls = worker.CandidateWorker.evaluate, []
+        original, original_prepare, problems, calls = worker.CandidateWorker.evaluate, worker.CandidateWorker.prepare, [], []
+        def prepare(self, *args):
+            problems.append(1)
+            calls.clear()
+            return original_prepare(self, *args)
         def evaluate(self, *args):
             calls.append(1)
-            if len(calls) == 3:  # the second problem's first (default) trial
+            if len(problems) == 2 and len(calls) == 1:  # the second problem's first (default) trial
                 os.kill(os.getpid(), signal.SIGINT)
                 time.sleep(30)
             return original(self, *args)
-        worker.CandidateWorker.evaluate = evaluate
+        worker.CandidateWorker.prepare, worker.CandidateWorker.evaluate = prepare, evaluate
         from superlinear_ops.cli import main
         sys.exit(main(sys.argv[1:]))
     """)

@@ -15,11 +15,10 @@ from dataclasses import dataclass
 import oracle
 import pytest
 import torch
-from helpers import GRADIENT_SPREAD, assert_close, laid_out, poisoned_allocations
+from helpers import GRADIENT_SPREAD, TRITON_SEARCHES, SearchSpies, assert_close, laid_out, poisoned_allocations
 
 from superlinear_ops import geometry, layer_api, torch_ops
 from superlinear_ops.kernels.launch import KernelConfig
-from superlinear_ops.layer import search_kernel
 from superlinear_ops.layer.composition import attention_layer
 from superlinear_ops.problem import Problem
 from superlinear_ops.registry import REGISTRY
@@ -190,24 +189,6 @@ def poisoned_indices():
             torch.empty = inner
 
 
-class KernelSpy:
-    """Counts the launches of a Triton kernel (stands in for it in its module)."""
-
-    def __init__(self, kernel) -> None:
-        self.kernel, self.launches = kernel, 0
-
-    def __getitem__(self, grid):
-        self.launches += 1
-        return self.kernel[grid]
-
-
-@pytest.fixture
-def search_spy(monkeypatch) -> KernelSpy:
-    spy = KernelSpy(search_kernel.layer_search_kernel)
-    monkeypatch.setattr(search_kernel, "layer_search_kernel", spy)
-    return spy
-
-
 def api_kwargs(case: LayerCase) -> dict:
     return dict(sw_index=case.sw_index, topk=case.topk, backward_factor=case.bf, forward_factor=case.ff,
                 span_power=case.sp, **case.power.kwargs())
@@ -267,13 +248,13 @@ LAYER_VARIANTS = REGISTRY.variants("attention_layer")
 CASE_IDS = [c.name for c in CASES]
 
 
-def test_both_search_variants_are_registered() -> None:
-    assert {v.name for v in LAYER_VARIANTS} >= {"tiled_search", "reference"}
+def test_every_search_variant_is_registered() -> None:
+    assert {v.name for v in LAYER_VARIANTS} >= {*TRITON_SEARCHES, "reference"}
 
 
 @pytest.mark.parametrize("case", CASES, ids=CASE_IDS)
 @pytest.mark.parametrize("variant", LAYER_VARIANTS, ids=[v.name for v in LAYER_VARIANTS])
-def test_variant_matches_oracle(variant, case: LayerCase, gen: torch.Generator, search_spy: KernelSpy) -> None:
+def test_variant_matches_oracle(variant, case: LayerCase, gen: torch.Generator, search_spy: SearchSpies) -> None:
     """One search variant (default tiles) through the public composition: anchors, output and all four
     gradients against the float64 oracle; every buffer allocated with torch.empty starts poisoned."""
     x = make_inputs(case, gen)
@@ -282,7 +263,9 @@ def test_variant_matches_oracle(variant, case: LayerCase, gen: torch.Generator, 
     if any(len(tr.chosen) > 1 for tr in traces.values()):
         assert expected_grads[0].abs().max() > 1e-2, "the gate must carry a gradient into Q1"
     anchors = launch_search(variant, case, x)
-    assert search_spy.launches == (1 if variant.name == "tiled_search" else 0), "the Triton search must run (not a fallback)"
+    triton_search = variant.name in TRITON_SEARCHES
+    assert search_spy.launches == triton_search, "the variant's own search must run (not a fallback)"
+    assert not triton_search or search_spy[variant.name].launches == 1, f"{variant.name}: its kernel must run"
     check_anchors(anchors, traces, case, variant.name)
 
     leaves = leaves_of(x)
@@ -300,7 +283,7 @@ def test_variant_matches_oracle(variant, case: LayerCase, gen: torch.Generator, 
 
 
 @pytest.mark.parametrize("case", CASES, ids=CASE_IDS)
-def test_superlinear_attention_matches_oracle(case: LayerCase, gen: torch.Generator, search_spy: KernelSpy) -> None:
+def test_superlinear_attention_matches_oracle(case: LayerCase, gen: torch.Generator, search_spy: SearchSpies) -> None:
     """The dispatched public op (the Triton search under the interpreter), output and gradients."""
     x = make_inputs(case, gen)
     expected, expected_grads, traces = oracle_run(case, x)
@@ -313,25 +296,33 @@ def test_superlinear_attention_matches_oracle(case: LayerCase, gen: torch.Genera
     check_result(case, out, grads, expected, expected_grads, "superlinear_attention")
 
 
-TILES = [dict(block_q=16, block_h=1), dict(block_q=32, block_h=2), dict(block_q=16, block_h=4)]  # over the default config
+TILES = {  # per Triton search: tilings over its default config (partial head and query blocks, extremes)
+    "tiled_search": [dict(block_q=16, block_h=1), dict(block_q=32, block_h=2), dict(block_q=16, block_h=4)],
+    "stripe_tiles": [dict(block_s=16, block_h=1, block_q=16), dict(block_s=128, block_h=2, block_q=8, num_warps=8),
+                     dict(block_s=16, block_h=4, block_q=4), dict(block_s=32, block_h=1, block_q=16, num_warps=1)],
+}
 
 
 @pytest.mark.parametrize("case", [c for c in CASES if c.ties or c.hq // c.hkv == 4], ids=lambda c: c.name)
-def test_search_tiles_give_the_oracle_anchor_sets(case: LayerCase, gen: torch.Generator, search_spy: KernelSpy) -> None:
-    """The Triton search with several (block_q, block_h) tilings (partial head and query blocks) picks
-    exactly the oracle's anchor sets, ties included."""
+@pytest.mark.parametrize("name", sorted(TILES))
+def test_search_tiles_give_the_oracle_anchor_sets(name: str, case: LayerCase, gen: torch.Generator,
+                                                  search_spy: SearchSpies) -> None:
+    """A Triton search with several tilings (partial head and query blocks) picks exactly the
+    oracle's anchor sets, ties included."""
     x = make_inputs(case, gen)
     _, traces = oracle.attention_layer(x.q1, x.q2, x.k, x.v, x.cache_position, x.mask, case.params)
     check_properties(case, x, traces)
-    variant = REGISTRY.get("attention_layer", "tiled_search")
-    rep = case.hq // case.hkv
-    default = variant.default(problem_of(case, x))
-    for tiles in TILES:
-        if tiles["block_h"] <= rep:
-            config = default.replace(**tiles)
-            assert variant.contains(config), config.text()
-            check_anchors(launch_search(variant, case, x, config), traces, case, f"tiled_search {config.text()}")
-    assert search_spy.launches >= 2
+    variant = REGISTRY.get("attention_layer", name)
+    problem = problem_of(case, x)
+    default = variant.default(problem)
+    tried = 0
+    for tiles in TILES[name]:
+        config = default.replace(**tiles)
+        assert variant.contains(config), config.text()
+        if variant.compile_check(problem, config) is None:
+            check_anchors(launch_search(variant, case, x, config), traces, case, f"{name} {config.text()}")
+            tried += 1
+    assert search_spy[name].launches == tried >= 2
 
 
 @pytest.mark.parametrize("topk", [1, 2, 3, 4])

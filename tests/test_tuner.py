@@ -417,3 +417,63 @@ def test_static_caches_and_masked_contexts_are_tuned_for_the_mean_over_their_inp
     assert context_of(entries[key_of(static.problem)]) == "static cache"
     assert context_of(entries[key_of(masked.problem)]) == "full context"
     assert entries[key_of(static.problem)].sampler == "tpe/static-cache"
+
+
+def _study_with(case, trials: list[tuple[dict, float]]) -> optuna.Study:
+    """An in-memory study holding completed trials (params, ms) with the search's distributions."""
+    study = optuna.create_study()
+    for params, ms in trials:
+        dists = {k: optuna.distributions.CategoricalDistribution([v]) for k, v in params.items()}
+        study.add_trial(optuna.trial.create_trial(params=params, distributions=dists, value=ms,
+                                                  user_attrs={"max_error": 0.0}))
+    return study
+
+
+@pytest.mark.parametrize("retimed, stored", [({"default": 1.0, "other": 1.2}, "default"),
+                                             ({"default": 1.0, "other": 0.97}, "default"),  # within the margin
+                                             ({"default": 1.0, "other": 0.8}, "other")])
+def test_a_winner_is_stored_only_when_faster_than_the_default_side_by_side(decode_workload, retimed, stored) -> None:
+    """A default timed slow once (a cold GPU) loses the study to another configuration; the
+    confirmation times both again, interleaved, and the default is stored unless the other is
+    faster there by more than the margin."""
+    from superlinear_ops.tuner.faults import Outcome
+    from superlinear_ops.tuner.search import params_of
+    from superlinear_ops.tuner.tune import CONFIRM_ROUNDS, confirm_winner, summarise
+
+    case = load(decode_workload).cases(device_identity(CPU))[0]
+    variant = REGISTRY.fallback(case.problem)
+    default = variant.default(case.problem)
+    other = default.replace(num_warps=8 if default["num_warps"] != 8 else 4)
+    configs = {"default": default, "other": other}
+    study = _study_with(case, [(params_of(variant, default), 5.0), (params_of(variant, other), 2.0)])
+    calls = []
+
+    def evaluate(name, config):
+        label = next(k for k, c in configs.items() if c == config)
+        calls.append(label)
+        return Outcome(milliseconds=retimed[label], max_error=0.0)
+
+    confirm_winner(case, study, evaluate)
+    assert calls == ["default", "other"] * CONFIRM_ROUNDS
+    result, winner = summarise(case, study)
+    assert winner.config == configs[stored] and winner.variant == variant.name
+    assert winner.median_ms == retimed[stored] and winner.default_ms == retimed["default"]
+    assert result.config == configs[stored].text()
+
+
+def test_confirmation_skips_a_default_winner_and_keeps_trial_times_when_a_rerun_fails(decode_workload) -> None:
+    from superlinear_ops.tuner.faults import CRASH, Failure, Outcome
+    from superlinear_ops.tuner.search import params_of
+    from superlinear_ops.tuner.tune import confirm_winner, summarise
+
+    case = load(decode_workload).cases(device_identity(CPU))[0]
+    variant = REGISTRY.fallback(case.problem)
+    default = variant.default(case.problem)
+    other = default.replace(num_warps=8 if default["num_warps"] != 8 else 4)
+    best_is_default = _study_with(case, [(params_of(variant, default), 1.0), (params_of(variant, other), 2.0)])
+    confirm_winner(case, best_is_default, lambda *_: pytest.fail("the default needs no confirmation"))
+    assert summarise(case, best_is_default)[1].config == default
+    failing = _study_with(case, [(params_of(variant, default), 5.0), (params_of(variant, other), 2.0)])
+    confirm_winner(case, failing, lambda *_: Outcome(failure=Failure(CRASH, "planted")))
+    _, winner = summarise(case, failing)
+    assert winner.config == other and winner.median_ms == 2.0 and winner.default_ms == 5.0

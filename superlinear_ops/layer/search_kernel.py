@@ -17,6 +17,8 @@ wins. A NaN score counts as +inf. No host synchronisation.
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import torch
 import triton
 import triton.language as tl
@@ -113,6 +115,54 @@ def search_default(rep: int, head_dim: int) -> KernelConfig:
                         num_stages=2)
 
 
+class SearchTables(NamedTuple):
+    """What both search kernels read besides the tiles: the anchors to fill, the stripe offsets,
+    each query's position (int32) and stripe count, Q1 and K with unit D strides, and the mask bytes."""
+
+    anchors: torch.Tensor
+    offsets: torch.Tensor
+    positions: torch.Tensor
+    count: torch.Tensor
+    q1: torch.Tensor
+    k: torch.Tensor
+    mask: torch.Tensor
+
+
+def search_tables(q1: torch.Tensor, k: torch.Tensor, cache_position: torch.Tensor, attention_mask: torch.Tensor | None,
+                  settings: SpanSettings) -> SearchTables:
+    """The search's tables for validated inputs (``anchors`` uninitialised)."""
+    batch, hq, lq, _ = q1.shape
+    anchors = torch.empty(batch, hq, lq, settings.topk, dtype=torch.int64, device=q1.device)
+    offsets, t = stripe_offsets_and_lengths(cache_position, k.shape[2], settings)
+    count = torch.searchsorted(offsets, t, right=True).to(torch.int32)  # stripes with loc >= 0
+    return SearchTables(anchors, offsets, (t - 1).to(torch.int32).contiguous(), count, unit_stride(q1), unit_stride(k),
+                        mask_bytes(attention_mask, q1.device))
+
+
+def launch_search(kernel, q1: torch.Tensor, k: torch.Tensor, cache_position: torch.Tensor,
+                  attention_mask: torch.Tensor | None, settings: SpanSettings, config: KernelConfig, **own) -> torch.Tensor:
+    """Anchors from a search ``kernel`` run over (query blocks, KV heads x head blocks, batch): the
+    arguments both search kernels take, then ``own`` (the kernel's other constexprs and launch options)."""
+    tables = search_tables(q1, k, cache_position, attention_mask, settings)
+    if tables.anchors.numel() == 0:
+        return tables.anchors
+    batch, hq, lq, dim = q1.shape
+    hkv = k.shape[1]
+    rep = hq // hkv
+    head_blocks = triton.cdiv(rep, config.block_h)
+    grid = (triton.cdiv(lq, config.block_q), hkv * head_blocks, batch)
+    q1, k, mask = tables.q1, tables.k, tables.mask
+    kernel[grid](
+        q1, k, tables.positions, tables.count, tables.offsets, mask, tables.anchors,
+        q1.stride(0), q1.stride(1), q1.stride(2), k.stride(0), k.stride(1), k.stride(2), mask.stride(0),
+        hq, lq, rep, head_blocks, tables.offsets.numel(),
+        TOPK=settings.topk, TOPK_PAD=next_power_of_two(settings.topk), D_HEAD=dim, BLOCK_D=max(16, next_power_of_two(dim)),
+        BLOCK_Q=config.block_q, BLOCK_H=config.block_h, HAS_MASK=attention_mask is not None,
+        UPCAST=q1.device.type == "cpu", num_warps=config.num_warps, **own,
+    )
+    return tables.anchors
+
+
 def tiled_search(
     q1: torch.Tensor,
     k: torch.Tensor,
@@ -123,24 +173,5 @@ def tiled_search(
 ) -> torch.Tensor:
     """Anchors [B, Hq, Lq, topk] (int64, -1: empty slot) for validated inputs (see the module docstring)."""
     check_tile_config(config, SEARCH_TUNABLES)
-    batch, hq, lq, dim = q1.shape
-    hkv, lkv = k.shape[1], k.shape[2]
-    rep = hq // hkv
-    anchors = torch.empty(batch, hq, lq, settings.topk, dtype=torch.int64, device=q1.device)
-    if anchors.numel() == 0:
-        return anchors
-    offsets, t = stripe_offsets_and_lengths(cache_position, lkv, settings)
-    count = torch.searchsorted(offsets, t, right=True).to(torch.int32)  # stripes with loc >= 0
-    q1, k = unit_stride(q1), unit_stride(k)
-    mask = mask_bytes(attention_mask, q1.device)
-    head_blocks = triton.cdiv(rep, config.block_h)
-    grid = (triton.cdiv(lq, config.block_q), hkv * head_blocks, batch)
-    layer_search_kernel[grid](
-        q1, k, (t - 1).to(torch.int32).contiguous(), count, offsets, mask, anchors,
-        q1.stride(0), q1.stride(1), q1.stride(2), k.stride(0), k.stride(1), k.stride(2), mask.stride(0),
-        hq, lq, rep, head_blocks, offsets.numel(),
-        TOPK=settings.topk, TOPK_PAD=next_power_of_two(settings.topk), D_HEAD=dim, BLOCK_D=max(16, next_power_of_two(dim)),
-        BLOCK_Q=config.block_q, BLOCK_H=config.block_h, HAS_MASK=attention_mask is not None,
-        UPCAST=q1.device.type == "cpu", num_warps=config.num_warps, num_stages=config.num_stages,
-    )
-    return anchors
+    return launch_search(layer_search_kernel, q1, k, cache_position, attention_mask, settings, config,
+                         num_stages=config.num_stages)

@@ -9,7 +9,8 @@ SQLite file, retries for database URLs), so runs started at once never race on O
 Candidates run in a worker process (``worker.CandidateWorker``: one per tune process, so one per
 GPU with ``--workers``); this process only drives Optuna. Every failure is recorded in the study
 and in the store (``--cache``), and a candidate the store says failed (same variant code, same
-Triton) is recorded failed again without running.
+Triton) is recorded failed again without running. A winner other than the default is timed again
+beside the default (``confirm_winner``) and stored only when it is clearly faster there.
 
 Ctrl-C stops a run cleanly: the trial it interrupts is marked ``interrupted`` (no result; it runs
 again on resume), the winners found so far are stored, and a one-line message replaces the
@@ -19,11 +20,13 @@ traceback (exit status 130).
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import fcntl
 import logging
 import math
 import os
 import pathlib
+import statistics
 import subprocess
 import sys
 import time
@@ -45,6 +48,7 @@ from ..cache.store import Store, sqlite_path
 from ..kernels.launch import KernelConfig
 from ..problem import device_identity
 from ..registry import REGISTRY
+from .faults import Outcome
 from .known_failures import FailureLog
 from .search import (
     INTERRUPTED,
@@ -190,10 +194,18 @@ class Winner:
     max_error: float
 
 
+CONFIRM_ROUNDS = 3  # interleaved re-timings of a study's winner and the default before the winner is stored
+CONFIRM_MARGIN = 0.05  # how much faster than the default a winner must be there (verify's default threshold)
+CONFIRMED = "confirmed"  # study attribute: the confirmation's candidate and medians
+
+
 def summarise(case: Case, study: optuna.Study) -> tuple[Result, Winner | None]:
     """The study's outcome: a result row, and the winner to store (None when nothing completed, or
     when the default is not measured yet: an interrupted run stores no winner without its baseline;
-    a default that failed its check gives default_ms = inf)."""
+    a default that failed its check gives default_ms = inf). Where the winner was confirmed
+    (``confirm_winner``), the confirmation's medians replace the trials' times, and a winner not
+    ``CONFIRM_MARGIN`` faster than the default there gives way to the default (timings of small
+    kernels vary by more than that between runs, so a smaller gain is not one)."""
     trials = finished_trials(study)
     complete = [t for t in trials if t.state == TrialState.COMPLETE]
     failed = sum(t.state == TrialState.FAIL and INTERRUPTED not in t.user_attrs for t in trials)
@@ -212,7 +224,39 @@ def summarise(case: Case, study: optuna.Study) -> tuple[Result, Winner | None]:
         return Result(case.label, key_text, math.nan, best.value, name, config.text(), len(trials), failed, pruned), None
     winner = Winner(name, config, best.value, default.value if default is not None else math.inf,
                     float(best.user_attrs.get("max_error", math.nan)))
+    confirmed = study.user_attrs.get(CONFIRMED)
+    if default is not None and confirmed is not None and confirmed["params"] == best.params:
+        if confirmed["median_ms"] < confirmed["default_ms"] * (1.0 - CONFIRM_MARGIN):
+            winner = dataclasses.replace(winner, median_ms=confirmed["median_ms"], default_ms=confirmed["default_ms"])
+        else:
+            name, config = candidate_of(default.params)
+            winner = Winner(name, config, confirmed["default_ms"], confirmed["default_ms"],
+                            float(default.user_attrs.get("max_error", math.nan)))
     return Result(case.label, key_text, winner.default_ms, winner.median_ms, name, config.text(), len(trials), failed, pruned), winner
+
+
+def confirm_winner(case: Case, study: optuna.Study, evaluate: Callable[[str, KernelConfig], Outcome]) -> None:
+    """Time the study's best trial and the default again, interleaved in ``CONFIRM_ROUNDS`` rounds
+    (as ``verify`` does), and record both medians on the study, so that one trial's noisy time (a
+    default timed first, on a cold GPU) never makes the winner. Nothing is recorded when the best is
+    the default, the default did not complete, or a re-run fails."""
+    complete = [t for t in finished_trials(study) if t.state == TrialState.COMPLETE]
+    default_variant = REGISTRY.fallback(case.problem)
+    default_params = params_of(default_variant, default_variant.default(case.problem))
+    if not complete or not any(t.params == default_params for t in complete):
+        return
+    best = min(complete, key=lambda t: t.value)
+    if best.params == default_params:
+        return
+    times: dict[str, list[float]] = {"default_ms": [], "median_ms": []}
+    for _ in range(CONFIRM_ROUNDS):
+        for label, params in (("default_ms", default_params), ("median_ms", best.params)):
+            outcome = evaluate(*candidate_of(params))
+            if outcome.failure is not None:
+                log.warning("%s: re-timing %s failed (%s); the trials' times stand", case.label, params, outcome.failure.message)
+                return
+            times[label].append(outcome.milliseconds)
+    study.set_user_attr(CONFIRMED, {"params": best.params, **{k: statistics.median(v) for k, v in times.items()}})
 
 
 def tune(
@@ -276,6 +320,7 @@ def _search_cases(cases: list[Case], studies: list[optuna.Study], settings: Sear
             run_search(study, case.problem, worker.evaluate, settings, known=failures.known(key),
                        on_failure=lambda name, config, failure, key=key: failures.record(key, name, config, failure),
                        on_trial=None if bar is None else lambda _t: bar.update(1))
+            confirm_winner(case, study, worker.evaluate)
             _, winner = summarise(case, study)
             if winner is not None:
                 tuned[key] = (winner.variant, dict(winner.config))
