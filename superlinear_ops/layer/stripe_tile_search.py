@@ -12,8 +12,9 @@ the dot's diagonal kept.)
 
 Each row keeps its best ``TOPK`` (score, stripe) pairs in registers, ordered by score and then by
 stripe index (among equal scores the farther stripe wins); a NaN score counts as +inf. A tile whose
-best candidate beats no row's worst kept pair costs one reduction; otherwise its candidates are
-taken best first, at most ``TOPK`` per row. The next tile's key rows are loaded before this tile's
+best candidate beats no row's worst kept pair costs two row reductions over the tile (its best
+score, and whether it has a candidate); otherwise its candidates are taken best first, at most
+``TOPK`` per row. The next tile's key rows are loaded before this tile's
 work, by hand: on the H200, Triton's ``num_stages`` 1 and 2 measured the same, so the kernel
 runs with 1. No host synchronisation.
 """
@@ -136,8 +137,7 @@ def stripe_tile_search_kernel(
 def stripe_tile_default(rep: int, head_dim: int) -> KernelConfig:
     """Heuristic tiles: up to 16 heads of a group and as many queries as make 16 rows, 16 stripes per
     query, one warp (two past D = 128): at model M the fastest measured on the H200 (8.5 ms at
-    32,768 over 1M keys, 32 stripes 8.9, 64 stripes 11.0), where 1-warp programs keep many tiles'
-    loads in flight per SM."""
+    32,768 over 1M keys, 32 stripes 8.9, 64 stripes 11.0; more warps slower at every width measured)."""
     block_h = min(16, next_power_of_two(rep))
     return KernelConfig(block_s=16, block_h=block_h, block_q=max(1, 16 // block_h), num_warps=1 if head_dim <= 128 else 2)
 
