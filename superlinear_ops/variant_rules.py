@@ -146,38 +146,37 @@ def tile_check(tiles: dict, problem: Problem, config: KernelConfig) -> str | Non
     return None
 
 
-def search_check(problem: Problem, config: KernelConfig) -> str | None:
-    """Why a search configuration cannot run well: heads past the group, or registers (GPU only):
-    the rows' Q1 (16-bit pairs), their scores against the block's keys and the kept top-k."""
+def _search_reason(problem: Problem, config: KernelConfig, rows: int, cols: int, key_rows: int) -> str | None:
+    """What both layer searches check: heads past the group, or registers (GPU only): the ``rows``'
+    Q1 (16-bit pairs), their scores against ``cols`` columns, the kept top-k, and ``key_rows``
+    prefetched key rows (16-bit pairs)."""
     if config.block_h > next_power_of_two(problem.rep):
         return f"block_h {config.block_h} > the {problem.rep} query heads of a KV group"
     if not problem.device.is_gpu:
         return None
-    rows = config.block_h * config.block_q
-    values = rows * (next_power_of_two(problem.head_dim) // 2 + config.block_q + 2 * next_power_of_two(problem.spans))
+    half_d = next_power_of_two(problem.head_dim) // 2
+    values = rows * (half_d + cols + 2 * next_power_of_two(problem.spans)) + key_rows * half_d
     if values / (32 * config.num_warps) > MAX_TC_VALUES_PER_THREAD:
         return f"registers: about {values / (32 * config.num_warps):.0f} values per thread (limit {MAX_TC_VALUES_PER_THREAD})"
     return None
 
 
+def search_check(problem: Problem, config: KernelConfig) -> str | None:
+    """Why a ``tiled_search`` configuration cannot run well (``_search_reason``: its rows are
+    block_h x block_q (head, query) pairs, scored against the block's block_q keys)."""
+    return _search_reason(problem, config, config.block_h * config.block_q, config.block_q, 0)
+
+
 def stripe_tile_check(problem: Problem, config: KernelConfig) -> str | None:
-    """Why a stripe-tile search configuration cannot run well: heads past the group, dots under 16
-    rows or columns, more queries than needed at 16 heads, or registers (GPU only): Q1 (16-bit
-    pairs), the prefetched tile of stripe keys, the scores and the kept top-k."""
-    if config.block_h > next_power_of_two(problem.rep):
-        return f"block_h {config.block_h} > the {problem.rep} query heads of a KV group"
+    """Why a stripe-tile search configuration cannot run well: dots under 16 rows or columns, more
+    queries than needed at 16 heads, or ``_search_reason`` (its block_q x block_s columns are the
+    prefetched stripe keys)."""
     rows, cols = config.block_q * config.block_h, config.block_q * config.block_s
     if rows < 16 or cols < 16:
         return f"block_q * block_h = {rows} rows and block_q * block_s = {cols} columns: a tensor-core dot needs 16 of each"
     if config.block_q > 1 and config.block_h >= 16:
         return f"block_q {config.block_q} with block_h {config.block_h}: 16 heads already fill the dot's rows"
-    if not problem.device.is_gpu:
-        return None
-    half_d = next_power_of_two(problem.head_dim) // 2
-    values = rows * (half_d + cols + 2 * next_power_of_two(problem.spans)) + cols * half_d
-    if values / (32 * config.num_warps) > MAX_TC_VALUES_PER_THREAD:
-        return f"registers: about {values / (32 * config.num_warps):.0f} values per thread (limit {MAX_TC_VALUES_PER_THREAD})"
-    return None
+    return _search_reason(problem, config, rows, cols, cols)
 
 
 def no_check(problem: Problem, config: KernelConfig) -> str | None:

@@ -61,6 +61,12 @@ def params_of(variant: Variant, config: KernelConfig) -> dict:
     return {"variant": variant.name, **{f"{variant.name}.{p.name}": config[p.name] for p in variant.space}}
 
 
+def default_params(problem: Problem) -> dict:
+    """The trial parameters of ``problem``'s default: the fallback variant at its default configuration."""
+    variant = REGISTRY.fallback(problem)
+    return params_of(variant, variant.default(problem))
+
+
 def candidate_of(params: dict) -> tuple[str, KernelConfig]:
     """Inverse of ``params_of``: (variant name, configuration)."""
     name = params["variant"]
@@ -132,8 +138,7 @@ def baseline_candidate(study: optuna.Study, problem: Problem) -> tuple[str, Kern
     """The candidate a resumed study's real-size results compare against: the default when it
     completed, else the first completed trial's (None in a fresh study)."""
     complete = [t for t in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,)) if "duplicate_of" not in t.user_attrs]
-    default_variant = REGISTRY.fallback(problem)
-    default = params_of(default_variant, default_variant.default(problem))
+    default = default_params(problem)
     chosen = next((t for t in complete if t.params == default), complete[0] if complete else None)
     return None if chosen is None else candidate_of(chosen.params)
 
@@ -164,8 +169,7 @@ def run_search(
     variants = {v.name: v for v in tunable_variants(problem)}
     if not variants:
         return
-    default_variant = REGISTRY.fallback(problem)
-    default = params_of(default_variant, default_variant.default(problem))
+    default = default_params(problem)
     if not any(t.system_attrs.get("fixed_params", t.params) == default and INTERRUPTED not in t.user_attrs
                for t in study.get_trials(deepcopy=False)):
         study.enqueue_trial(default)

@@ -55,9 +55,9 @@ from .search import (
     SearchSettings,
     baseline_candidate,
     candidate_of,
+    default_params,
     finished_trials,
     open_study,
-    params_of,
     run_search,
     tunable_variants,
 )
@@ -213,10 +213,9 @@ def summarise(case: Case, study: optuna.Study) -> tuple[Result, Winner | None]:
     key_text = key_of(case.problem).text()
     if not complete:
         return Result(case.label, key_text, math.nan, math.nan, "-", "-", len(trials), failed, pruned), None
-    default_variant = REGISTRY.fallback(case.problem)
-    default_params = params_of(default_variant, default_variant.default(case.problem))
-    default = next((t for t in complete if t.params == default_params), None)
-    default_failed = any(t.state == TrialState.FAIL and "failure" in t.user_attrs and t.params == default_params
+    wanted = default_params(case.problem)
+    default = next((t for t in complete if t.params == wanted), None)
+    default_failed = any(t.state == TrialState.FAIL and "failure" in t.user_attrs and t.params == wanted
                          for t in trials)
     best = min(complete, key=lambda t: t.value)
     name, config = candidate_of(best.params)
@@ -241,16 +240,15 @@ def confirm_winner(case: Case, study: optuna.Study, evaluate: Callable[[str, Ker
     default timed first, on a cold GPU) never makes the winner. Nothing is recorded when the best is
     the default, the default did not complete, or a re-run fails."""
     complete = [t for t in finished_trials(study) if t.state == TrialState.COMPLETE]
-    default_variant = REGISTRY.fallback(case.problem)
-    default_params = params_of(default_variant, default_variant.default(case.problem))
-    if not complete or not any(t.params == default_params for t in complete):
+    default = default_params(case.problem)
+    if not complete or not any(t.params == default for t in complete):
         return
     best = min(complete, key=lambda t: t.value)
-    if best.params == default_params:
+    if best.params == default:
         return
     times: dict[str, list[float]] = {"default_ms": [], "median_ms": []}
     for _ in range(CONFIRM_ROUNDS):
-        for label, params in (("default_ms", default_params), ("median_ms", best.params)):
+        for label, params in (("default_ms", default), ("median_ms", best.params)):
             outcome = evaluate(*candidate_of(params))
             if outcome.failure is not None:
                 log.warning("%s: re-timing %s failed (%s); the trials' times stand", case.label, params, outcome.failure.message)
