@@ -52,6 +52,7 @@ SETTINGS = "superlinear_ops/settings.py"
 TORCH_OPS = "superlinear_ops/torch_ops.py"
 INPUTS = "tests/test_hardening_inputs.py"
 BWD = f"{VARIANTS} -k span_backward"
+TCF_TESTS = "tests/test_span_tc_forward.py"
 
 
 def decode(variant: str) -> str:
@@ -137,6 +138,12 @@ PLANTS = {
     "hardening: decode detached when a grad is required": (API, "    if requires_grad(Q1, Q2, K, V):\n", "    if False:\n", f"{INPUTS} -k decode_is_diff"),
     "hardening: empty result detached": (API, "    return out + sum(t.sum() * 0 for t in inputs)", "    return out", f"{INPUTS} -k empty_inputs"),
     "eager calls without gradients go through the custom ops": (TORCH_OPS, "    return _IMPLEMENTATIONS[op](*args)", "    return op(*args)", "tests/test_torch_ops.py -k eager_calls"),
+    "TMA: whole key blocks read one key late": (C, "    k = k_desc.load([row, 0])", "    k = k_desc.load([row + 1, 0])", f"{TCF_TESTS} -k descriptors"),
+    "TMA: span tiles read the first batch row's keys": (TCF, "(group * L_KV).to(tl.int32),", "((group % H_KV) * L_KV).to(tl.int32),", f"{TCF_TESTS} -k descriptors"),
+    "TMA: window tiles read the first batch row's keys": (WIN, "desc_row = ((batch * (H_Q // REP) + head // REP) * L_KV)", "desc_row = ((head // REP) * L_KV)", f"{TCF_TESTS} -k descriptors"),
+    "TMA: the whole blocks skip their first": (WIN, "for i in range(first_inner, end_inner):\n            acc, m, l = attend_whole_block(", "for i in range(first_inner + 1, end_inner):\n            acc, m, l = attend_whole_block(", f"{TCF_TESTS} -k descriptors"),
+    "TMA: descriptors despite an attention mask": (WIN, "if geo.has_mask or not (", "if not (", f"{TCF_TESTS} -k descriptors"),
+    "tuner re-tune forgets the earlier winner": (TUNE, "earlier=earlier)", "earlier=None)", "tests/test_tuner.py -k retune"),
     "hardening: topk not clamped to the stripes": (SETTINGS, "return settings if torch.compiler.is_compiling() else settings.for_keys(key_length)", "return settings", f"{INPUTS} -k huge_topk"),
 }
 

@@ -9,6 +9,9 @@ compile error. ``generate`` writes that table (``arch_check`` reads it).
 
 Signatures follow what the launchers pass for the covered problem class (``DTYPE``, ``BLOCK_D``,
 unmasked, ``K_SPANS`` span slots): pointers and strides 16-divisible as Triton specialises them.
+The forward kernels are compiled with pointer loads for every key block (``KV_TMA`` off: what
+masked inputs and GPUs before sm_90 run); their tensor-memory-accelerator path holds the same
+K/V stages in shared memory and fewer addresses in registers.
 """
 
 from __future__ import annotations
@@ -38,6 +41,7 @@ _TRITON_TYPES = {"bfloat16": "bf16", "float16": "fp16", "float32": "fp32"}
 INPUT_POINTERS = frozenset({"Q_ptr", "K_ptr", "V_ptr", "dO_ptr", "dOs_ptr", "Out_ptr", "dQout_ptr", "dKout_ptr", "dVout_ptr"})
 INT32_POINTERS = frozenset({"order_ptr", "lo_ptr", "hi_ptr", "perm_ptr", "first_ptr", "last_ptr", "tile_lo_ptr", "tile_hi_ptr"})
 INT64_POINTERS = frozenset({"spos_ptr", "cache_pos_ptr"})
+UNUSED_DESCRIPTORS = frozenset({"k_desc", "v_desc"})  # K and V again when KV_TMA is off
 FLOATS = frozenset({"qk_scale", "sm_scale"})
 
 
@@ -59,6 +63,10 @@ def _attention_tiles(m: int, n: int, d: int) -> dict:
     return dict(D_HEAD=d, BLOCK_D=d, BLOCK_M=m, BLOCK_N=n, HAS_MASK=False, UPCAST=False)
 
 
+def _forward_tiles(m: int, n: int, d: int) -> dict:
+    return dict(_attention_tiles(m, n, d), KV_TMA=False)
+
+
 def _window_dkdv_tiles(m: int, n: int, d: int) -> dict:  # the whole group in one part: the span part added in-kernel
     return dict(_attention_tiles(m, n, d), ATOMIC_ADD=False)
 
@@ -68,7 +76,7 @@ def _swapped_tiles(m: int, n: int, d: int) -> dict:  # the dQ kernel's tiles are
 
 
 def _span_tiles(m: int, n: int, d: int) -> dict:
-    return dict(_attention_tiles(m, n, d), K_SPANS=K_SPANS, HAS_WINDOW=True)
+    return dict(_forward_tiles(m, n, d), K_SPANS=K_SPANS, HAS_WINDOW=True)
 
 
 def _backward_span_tiles(m: int, n: int, d: int) -> dict:
@@ -78,7 +86,7 @@ def _backward_span_tiles(m: int, n: int, d: int) -> dict:
 _K = "superlinear_ops.kernels."
 COVERED: dict[str, dict[str, tuple[KernelSpec, ...]]] = {  # variant -> part -> kernels (parts read f"{part}_{tunable}")
     "span_forward/tc_tiles": {
-        "window": (KernelSpec(_K + "window_attention", "window_attention_kernel", _attention_tiles),),
+        "window": (KernelSpec(_K + "window_attention", "window_attention_kernel", _forward_tiles),),
         "span": (KernelSpec(_K + "span_tc_forward", "span_tile_kernel", _span_tiles),),
     },
     "span_backward/tc_tiles": {
@@ -105,8 +113,8 @@ def signature(kernel, constexprs: dict, dtype: str) -> tuple[dict, dict]:
     for index, name in enumerate(kernel.arg_names):
         if name in constexprs:
             types[name] = "constexpr"
-        elif name.endswith("_ptr"):
-            types[name] = _pointer_type(name, dtype)
+        elif name.endswith("_ptr") or name in UNUSED_DESCRIPTORS:
+            types[name] = _pointer_type("K_ptr" if name in UNUSED_DESCRIPTORS else name, dtype)
             attrs[(index,)] = [["tt.divisibility", 16]]
         elif name in FLOATS:
             types[name] = "fp32"

@@ -146,6 +146,67 @@ def test_bad_config_raises(change, gen: torch.Generator):
         span_forward_tc(geo, config)
 
 
+class LaunchSpy:
+    """Stands in for a Triton kernel in its module and records each launch's ``KV_TMA``."""
+
+    def __init__(self, kernel) -> None:
+        self.kernel, self.tma = kernel, []
+
+    def __getitem__(self, grid):
+        def launch(*args, **kwargs):
+            self.tma.append(kwargs["KV_TMA"])
+            return self.kernel[grid](*args, **kwargs)
+        return launch
+
+
+@pytest.mark.parametrize("tma", [0, 1])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+def test_whole_key_blocks_through_descriptors(tma: int, dtype: torch.dtype, gen: torch.Generator, monkeypatch):
+    """No mask, B 2, two KV groups, D 40 (descriptor blocks padded past D), W 63 over 16-row tiles
+    and long spans, so both kernels have key blocks that every row of a tile attends: loaded through
+    the TMA descriptors (``tma`` 1) or, with the descriptors withheld, by pointers; both equal the
+    reference."""
+    from superlinear_ops.kernels import span_tc_forward, window_attention
+
+    case = TileCase(dtype, 2, 4, 2, 40, 260, 40, 3, 7, None, False, 160, True)
+    inputs = make_inputs(case, gen)
+    geo = LaunchGeometry.prepare(*inputs, case.window)
+    plan = span_tile_plan(geo, 16)
+    lo, hi = plan.lo.view(plan.groups, -1, 16).max(dim=2).values, plan.hi.view(plan.groups, -1, 16).min(dim=2).values
+    assert (hi - lo >= 32).any(), "some span tile has a whole 16-key block that all its rows attend"
+    spies = {name: LaunchSpy(getattr(module, name)) for module, name in
+             ((window_attention, "window_attention_kernel"), (span_tc_forward, "span_tile_kernel"))}
+    monkeypatch.setattr(window_attention, "window_attention_kernel", spies["window_attention_kernel"])
+    monkeypatch.setattr(span_tc_forward, "span_tile_kernel", spies["span_tile_kernel"])
+    if not tma:
+        for module in (window_attention, span_tc_forward):
+            monkeypatch.setattr(module, "key_value_descriptors", lambda *_: None)
+    out, lse = run_tc(case, geo)
+    assert [spy.tma for spy in spies.values()] == [[bool(tma)], [bool(tma)]]
+    ref_out, ref_lse = span_forward_reference(*(t.double() for t in inputs[:3]), *inputs[3:], case.window, return_lse=True)
+    check_against_reference(case, out, lse, ref_out, ref_lse)
+
+
+def test_descriptors_only_where_the_inputs_allow(gen: torch.Generator):
+    """A mask, K/V expanded over the batch (stride 0) or a row stride off 16 bytes fall back to
+    pointer loads (no descriptors), and the results stay the reference's."""
+    from superlinear_ops.kernels.window_attention import key_value_descriptors
+
+    case = TileCase(torch.float32, 2, 4, 2, 20, 120, 20, 2, 6, None, False, 60, True)
+    q, k, v, qstart, qend, cache_position, _ = make_inputs(case, gen)
+    assert key_value_descriptors(LaunchGeometry.prepare(q, k, v, qstart, qend, cache_position, None, case.window), 16)
+    mask = torch.ones(case.batch, case.lkv, dtype=torch.bool)
+    expanded = k[:1].expand(case.batch, -1, -1, -1)
+    odd_rows = torch.randn(case.batch, case.hkv, case.lkv, case.dim + 1, generator=gen)[..., : case.dim]  # 84-byte rows
+    for keys, values, m in ((k, v, mask), (expanded, expanded, None), (odd_rows, odd_rows, None)):
+        geo = LaunchGeometry.prepare(q, keys, values, qstart, qend, cache_position, m, case.window)
+        assert key_value_descriptors(geo, 16) is None
+        out, lse = run_tc(case, geo)
+        ref_out, ref_lse = span_forward_reference(q.double(), keys.double(), values.double(), qstart, qend, cache_position, m,
+                                                  case.window, return_lse=True)
+        check_against_reference(case, out, lse, ref_out, ref_lse)
+
+
 @pytest.mark.parametrize("case", [c for c in SPAN_CASES if c.dtype != "fp64"], ids=lambda c: c.name)
 def test_shared_span_cases(case: SpanCase, gen: torch.Generator):
     """The suite's span cases (strided and expanded layouts, rep up to 16) with 16-row tiles."""

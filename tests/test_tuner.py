@@ -477,3 +477,28 @@ def test_confirmation_skips_a_default_winner_and_keeps_trial_times_when_a_rerun_
     confirm_winner(case, failing, lambda *_: Outcome(failure=Failure(CRASH, "planted")))
     _, winner = summarise(case, failing)
     assert winner.config == other and winner.median_ms == 2.0 and winner.default_ms == 5.0
+
+
+def test_a_retune_measures_the_winner_stored_before_again(tmp_path, decode_workload) -> None:
+    """A stored winner, stale (another kernel hash) and missing a tunable added since, is a new
+    study's second trial, the missing tunable at its default; a stored variant that no longer
+    applies, or a value outside the declared space, adds no trial."""
+    from superlinear_ops.tuner.search import earlier_winner_params
+
+    case = load(decode_workload).cases(device_identity(CPU))[0]
+    variant = REGISTRY.fallback(case.problem)
+    default = variant.default(case.problem)
+    old = KernelConfig(block_k=32, num_warps=2, num_stages=2)  # no chunk: as if chunk were added since
+    cache, storage = str(tmp_path / "c.sqlite"), str(tmp_path / "studies.sqlite")
+    with Store.writer(cache) as store:
+        store.put(make_entry(key=key_of(case.problem), variant=variant.name, config=old,
+                             provenance={"kernel_hash": "0" * 16}))
+    settings = SearchSettings(trials=2, seed=0)
+    tune(str(decode_workload), settings=settings, storage=storage, cache=cache, device=CPU, progress=False)
+    study = optuna.load_study(study_name=study_name(key_of(case.problem), settings), storage=open_storage(storage))
+    assert [t.params for t in study.trials] == [
+        {"variant": variant.name, **{f"{variant.name}.{name}": value for name, value in default.items()}},
+        {"variant": variant.name, **{f"{variant.name}.{name}": value for name, value in {**default, **old}.items()}},
+    ]
+    assert earlier_winner_params(case.problem, "no_such_variant", old) is None
+    assert earlier_winner_params(case.problem, variant.name, old.replace(block_k=512)) is None

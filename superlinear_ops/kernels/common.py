@@ -87,6 +87,21 @@ def tc_dot(a, b, UPCAST: tl.constexpr):
 
 
 @triton.jit
+def online_softmax_step(acc, m, l, s, v, UPCAST: tl.constexpr):
+    """The running (unnormalised output ``acc``, log2 max ``m``, sum ``l``) of each row after one key
+    block: scores ``s`` [rows, keys] (log2 domain, -inf where not attended) and values ``v``."""
+    m_new = tl.maximum(m, tl.max(s, axis=1))
+    m_ref = tl.where(m_new == float("-inf"), 0.0, m_new)
+    alpha = tl.exp2(m - m_ref)
+    p = tl.exp2(s - m_ref[:, None])
+    l = l * alpha + tl.sum(p, axis=1)
+    # On the GPU p is rounded to V's dtype for the tensor cores (unbiased, 2**-9 relative for bf16);
+    # the interpreter's casts truncate (a 2**-9 bias), so there p stays fp32.
+    acc = acc * alpha[:, None] + tc_dot(p if UPCAST else p.to(v.dtype), v, UPCAST)
+    return acc, m_new, l
+
+
+@triton.jit
 def attend_block(
     acc, m, l, q, K_ptr, V_ptr, kv_base, stride_kl, mask_ptr, mask_base,
     start, tile_hi, row_lo, row_hi, offs_d, d_mask, qk_scale,
@@ -107,12 +122,13 @@ def attend_block(
         s = tl.where(in_rows & key_ok[None, :], s, float("-inf"))
     else:
         s = tl.where(key_ok[None, :], s, float("-inf"))
-    m_new = tl.maximum(m, tl.max(s, axis=1))
-    m_ref = tl.where(m_new == float("-inf"), 0.0, m_new)
-    alpha = tl.exp2(m - m_ref)
-    p = tl.exp2(s - m_ref[:, None])
-    l = l * alpha + tl.sum(p, axis=1)
-    # On the GPU p is rounded to V's dtype for the tensor cores (unbiased, 2**-9 relative for bf16);
-    # the interpreter's casts truncate (a 2**-9 bias), so there p stays fp32.
-    acc = acc * alpha[:, None] + tc_dot(p if UPCAST else p.to(v.dtype), v, UPCAST)
-    return acc, m_new, l
+    return online_softmax_step(acc, m, l, s, v, UPCAST)
+
+
+@triton.jit
+def attend_whole_block(acc, m, l, q, k_desc, v_desc, row, qk_scale, UPCAST: tl.constexpr):
+    """``attend_block`` for a block of keys that every row of the tile attends, loaded by the tensor
+    memory accelerator from ``row`` of the [keys, D] descriptors: no per-key or per-row masks."""
+    k = k_desc.load([row, 0])
+    v = v_desc.load([row, 0])
+    return online_softmax_step(acc, m, l, tc_dot(q, tl.trans(k), UPCAST) * qk_scale, v, UPCAST)

@@ -5,8 +5,9 @@
 2. ``span_tile_plan`` (span_tiles.py) sorts each (batch, KV head) group's (head, query, slot)
    triples by (clamped span start // 16, span end), on the device.
 3. ``span_tile_kernel``, one program per (tile of ``BLOCK_M`` sorted triples, group): gathers the
-   rows' Q, streams the K/V blocks of the tile's key range [min lo, max hi] with tensor-core dots,
-   per-row [lo, hi] and mask masking and an online softmax, merges each row with its window part by
+   rows' Q, streams the K/V blocks of the tile's key range [min lo, max hi] with tensor-core dots
+   (the blocks every row attends through TMA, as in window_attention.py), per-row [lo, hi] and
+   mask masking and an online softmax, merges each row with its window part by
    log-sum-exp and writes out[b, h, q, j] and lse2[b, h, q, j] (every row exactly once; zeros and
    +inf where no key is attended).
 
@@ -27,7 +28,7 @@ import triton.language as tl
 from .common import LOG2E
 from .launch import LaunchGeometry, check_tile_config, forward_outputs
 from .span_tiles import span_tile_plan
-from .window_attention import attend_rows, block_d, upcast_dots, window_attention
+from .window_attention import attend_rows, block_d, key_value_descriptors, upcast_dots, window_attention
 
 TC_FORWARD_DEFAULTS: dict[str, int] = {  # sm_90 (H200), bf16, D = 128, model M shapes
     "window_block_m": 128,
@@ -56,12 +57,12 @@ def tc_forward_default(dim: int, dtype: torch.dtype) -> dict[str, int]:
 
 @triton.jit
 def span_tile_kernel(
-    Q_ptr, K_ptr, V_ptr, order_ptr, lo_ptr, hi_ptr, mask_ptr, Ow_ptr, Lw_ptr, Out_ptr, Lse_ptr,
+    Q_ptr, K_ptr, V_ptr, k_desc, v_desc, order_ptr, lo_ptr, hi_ptr, mask_ptr, Ow_ptr, Lw_ptr, Out_ptr, Lse_ptr,
     stride_qb, stride_qh, stride_ql, stride_kb, stride_kh, stride_kl, stride_mb,
-    H_KV, L_Q, N_TRIPLES, REP, qk_scale,
+    H_KV, L_Q, L_KV, N_TRIPLES, REP, qk_scale,
     K_SPANS: tl.constexpr, D_HEAD: tl.constexpr, BLOCK_D: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-    HAS_WINDOW: tl.constexpr, HAS_MASK: tl.constexpr, UPCAST: tl.constexpr,
+    HAS_WINDOW: tl.constexpr, HAS_MASK: tl.constexpr, KV_TMA: tl.constexpr, UPCAST: tl.constexpr,
 ):
     tile = tl.program_id(0)
     group = tl.program_id(1).to(tl.int64)
@@ -83,7 +84,8 @@ def span_tile_kernel(
 
     acc, m, l = attend_rows(
         q, K_ptr, V_ptr, batch * stride_kb + (group % H_KV) * stride_kh, stride_kl, mask_ptr, batch * stride_mb,
-        row_lo, row_hi, offs_d, d_mask, qk_scale, BLOCK_M, BLOCK_D, BLOCK_N, HAS_MASK, UPCAST,
+        row_lo, row_hi, offs_d, d_mask, qk_scale, k_desc, v_desc, (group * L_KV).to(tl.int32),
+        BLOCK_M, BLOCK_D, BLOCK_N, HAS_MASK, KV_TMA, UPCAST,
     )
 
     out_rows = group * N_TRIPLES + triple  # flat (b, h, q, j) slot of the contiguous outputs
@@ -128,14 +130,15 @@ def span_forward_tc(
     else:  # no window part: the kernel never reads these
         window_out = window_lse = lse
     plan = span_tile_plan(geo, SPAN_START_BLOCK)
-    block_m = config["span_block_m"]
+    block_m, block_n = config["span_block_m"], config["span_block_n"]
+    descriptors = key_value_descriptors(geo, block_n)
     grid = (triton.cdiv(plan.triples, block_m), plan.groups)
     span_tile_kernel[grid](
-        q, k, geo.v, plan.order, plan.lo, plan.hi, geo.mask, window_out, window_lse, out, lse,
-        q.stride(0), q.stride(1), q.stride(2), k.stride(0), k.stride(1), k.stride(2), geo.mask_stride,
-        k.shape[1], lq, plan.triples, geo.rep, LOG2E / math.sqrt(dim),
-        K_SPANS=n_spans, D_HEAD=dim, BLOCK_D=block_d(dim), BLOCK_M=block_m, BLOCK_N=config["span_block_n"],
-        HAS_WINDOW=geo.window > 0, HAS_MASK=geo.has_mask, UPCAST=upcast_dots(geo),
+        q, k, geo.v, *(descriptors or (k, geo.v)), plan.order, plan.lo, plan.hi, geo.mask, window_out, window_lse,
+        out, lse, q.stride(0), q.stride(1), q.stride(2), k.stride(0), k.stride(1), k.stride(2), geo.mask_stride,
+        k.shape[1], lq, k.shape[2], plan.triples, geo.rep, LOG2E / math.sqrt(dim),
+        K_SPANS=n_spans, D_HEAD=dim, BLOCK_D=block_d(dim), BLOCK_M=block_m, BLOCK_N=block_n,
+        HAS_WINDOW=geo.window > 0, HAS_MASK=geo.has_mask, KV_TMA=descriptors is not None, UPCAST=upcast_dots(geo),
         num_warps=config["span_warps"], num_stages=config["span_stages"],
     )
     return out, lse

@@ -67,6 +67,19 @@ def default_params(problem: Problem) -> dict:
     return params_of(variant, variant.default(problem))
 
 
+def earlier_winner_params(problem: Problem, variant_name: str, config: KernelConfig) -> dict | None:
+    """The trial parameters of a winner stored for ``problem`` before (perhaps by an older version
+    of its code), so that a re-tune measures it again: tunables added since take their default
+    values; None when its variant is no longer tunable here or a value left the declared space."""
+    variant = next((v for v in tunable_variants(problem) if v.name == variant_name), None)
+    if variant is None:
+        return None
+    values = {**variant.default(problem), **config}
+    if any(values.get(p.name) not in p.values for p in variant.space):
+        return None
+    return params_of(variant, KernelConfig({p.name: values[p.name] for p in variant.space}))
+
+
 def candidate_of(params: dict) -> tuple[str, KernelConfig]:
     """Inverse of ``params_of``: (variant name, configuration)."""
     name = params["variant"]
@@ -160,19 +173,21 @@ def run_search(
     known: dict[tuple[str, str], Failure] | None = None,
     on_failure: Callable[[str, KernelConfig, Failure], None] | None = None,
     on_trial: Callable[[optuna.trial.FrozenTrial], None] | None = None,
+    earlier: dict | None = None,
 ) -> None:
     """Run (or resume) the search of one problem until it has ``settings.trials`` finished trials.
 
-    ``known`` failures (by variant and configuration text) are recorded failed without running;
-    ``on_failure`` hears of every new failure.
+    The default runs first, then ``earlier`` (trial parameters of a winner stored before), each
+    once per study. ``known`` failures (by variant and configuration text) are recorded failed
+    without running; ``on_failure`` hears of every new failure.
     """
     variants = {v.name: v for v in tunable_variants(problem)}
     if not variants:
         return
-    default = default_params(problem)
-    if not any(t.system_attrs.get("fixed_params", t.params) == default and INTERRUPTED not in t.user_attrs
-               for t in study.get_trials(deepcopy=False)):
-        study.enqueue_trial(default)
+    for params in (default_params(problem), earlier):
+        if params is not None and not any(t.system_attrs.get("fixed_params", t.params) == params and INTERRUPTED not in t.user_attrs
+                                          for t in study.get_trials(deepcopy=False)):
+            study.enqueue_trial(params)
 
     def objective(trial: optuna.Trial) -> float:
         name = trial.suggest_categorical("variant", list(variants))

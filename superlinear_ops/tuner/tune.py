@@ -56,6 +56,7 @@ from .search import (
     baseline_candidate,
     candidate_of,
     default_params,
+    earlier_winner_params,
     finished_trials,
     open_study,
     run_search,
@@ -315,9 +316,11 @@ def _search_cases(cases: list[Case], studies: list[optuna.Study], settings: Sear
                 bar.set_postfix_str(case.label)
                 bar.update(len(finished_trials(study)))
             worker.prepare(case, baseline_candidate(study, case.problem), parts_tuned_here(case.problem, tuned))
+            stored = store.get(key.text())
+            earlier = None if stored is None else earlier_winner_params(case.problem, stored.variant, stored.config)
             run_search(study, case.problem, worker.evaluate, settings, known=failures.known(key),
                        on_failure=lambda name, config, failure, key=key: failures.record(key, name, config, failure),
-                       on_trial=None if bar is None else lambda _t: bar.update(1))
+                       on_trial=None if bar is None else lambda _t: bar.update(1), earlier=earlier)
             confirm_winner(case, study, worker.evaluate)
             _, winner = summarise(case, study)
             if winner is not None:
