@@ -143,6 +143,8 @@ PLANTS = {
     "TMA: window tiles read the first batch row's keys": (WIN, "desc_row = ((batch * (H_Q // REP) + head // REP) * L_KV)", "desc_row = ((head // REP) * L_KV)", f"{TCF_TESTS} -k descriptors"),
     "TMA: the whole blocks skip their first": (WIN, "for i in range(first_inner, end_inner):\n            acc, m, l = attend_whole_block(", "for i in range(first_inner + 1, end_inner):\n            acc, m, l = attend_whole_block(", f"{TCF_TESTS} -k descriptors"),
     "TMA: descriptors despite an attention mask": (WIN, "if geo.has_mask or not (", "if not (", f"{TCF_TESTS} -k descriptors"),
+    "TMA: window dQ whole blocks read one key late": (WTB, "            k = k_desc.load([desc_row + start, 0])", "            k = k_desc.load([desc_row + start + 1, 0])", "tests/test_span_tc_backward.py -k descriptors"),
+    "TMA: window dQ skips the block after the whole ones": (WTB, "        pointer_lo = tile_lo + whole * BLOCK_N", "        pointer_lo = tile_lo + whole * BLOCK_N + BLOCK_N", "tests/test_span_tc_backward.py -k descriptors"),
     "tuner re-tune forgets the earlier winner": (TUNE, "earlier=earlier)", "earlier=None)", "tests/test_tuner.py -k retune"),
     "hardening: topk not clamped to the stripes": (SETTINGS, "return settings if torch.compiler.is_compiling() else settings.for_keys(key_length)", "return settings", f"{INPUTS} -k huge_topk"),
 }

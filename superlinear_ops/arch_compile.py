@@ -9,9 +9,10 @@ compile error. ``generate`` writes that table (``arch_check`` reads it).
 
 Signatures follow what the launchers pass for the covered problem class (``DTYPE``, ``BLOCK_D``,
 unmasked, ``K_SPANS`` span slots): pointers and strides 16-divisible as Triton specialises them.
-The forward kernels are compiled with pointer loads for every key block (``KV_TMA`` off: what
-masked inputs and GPUs before sm_90 run); their tensor-memory-accelerator path holds the same
-K/V stages in shared memory and fewer addresses in registers.
+The kernels with a tensor-memory-accelerator path (the forward's and the window dQ kernel) are
+compiled with pointer loads for every key block (``KV_TMA`` off: what masked inputs and GPUs
+before sm_90 run); their TMA path holds the same K/V stages in shared memory and fewer addresses
+in registers.
 """
 
 from __future__ import annotations
@@ -63,7 +64,7 @@ def _attention_tiles(m: int, n: int, d: int) -> dict:
     return dict(D_HEAD=d, BLOCK_D=d, BLOCK_M=m, BLOCK_N=n, HAS_MASK=False, UPCAST=False)
 
 
-def _forward_tiles(m: int, n: int, d: int) -> dict:
+def _forward_tiles(m: int, n: int, d: int) -> dict:  # kernels with a TMA path, compiled without it
     return dict(_attention_tiles(m, n, d), KV_TMA=False)
 
 
@@ -72,7 +73,7 @@ def _window_dkdv_tiles(m: int, n: int, d: int) -> dict:  # the whole group in on
 
 
 def _swapped_tiles(m: int, n: int, d: int) -> dict:  # the dQ kernel's tiles are the dK/dV kernel's, transposed
-    return _attention_tiles(n, m, d)
+    return _forward_tiles(n, m, d)
 
 
 def _span_tiles(m: int, n: int, d: int) -> dict:

@@ -127,6 +127,35 @@ def test_spans_in_distinct_key_blocks_and_non_contiguous_q(gen: torch.Generator)
     check_gradients(case, (q, *rest), gen, geo_q=strided)
 
 
+class LaunchSpy:
+    """Stands in for a Triton kernel in its module and records each launch's ``KV_TMA``."""
+
+    def __init__(self, kernel) -> None:
+        self.kernel, self.tma = kernel, []
+
+    def __getitem__(self, grid):
+        def launch(*args, **kwargs):
+            self.tma.append(kwargs["KV_TMA"])
+            return self.kernel[grid](*args, **kwargs)
+        return launch
+
+
+@pytest.mark.parametrize("tma", [0, 1])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+def test_window_dq_whole_blocks_through_descriptors(tma: int, dtype: torch.dtype, gen: torch.Generator, monkeypatch) -> None:
+    """No mask, B 2, two KV groups, D 40, W 63 over 16-query tiles: the dQ kernel's whole key blocks
+    come through the TMA descriptors (``tma`` 1) or, withheld, by pointers; both match the reference."""
+    from superlinear_ops.kernels import window_tc_backward
+
+    case = TileCase(dtype, 2, 4, 2, 40, 200, 40, 3, 7, None, False, 60, True, config=SMALL)
+    spy = LaunchSpy(window_tc_backward.window_dq_kernel)
+    monkeypatch.setattr(window_tc_backward, "window_dq_kernel", spy)
+    if not tma:
+        monkeypatch.setattr(window_tc_backward, "key_value_descriptors", lambda *_: None)
+    check_gradients(case, make_inputs(case, gen), gen)
+    assert spy.tma == [bool(tma)]
+
+
 def test_unattended_nan_keys_never_reach_a_gradient(gen: torch.Generator) -> None:
     """Static-cache tail past every position and masked-out keys hold NaN: gradients stay exact."""
     case = TileCase(torch.float32, 1, 4, 2, 24, 100, 24, 3, 3, 0.55, True, 30, False, config=SMALL)
