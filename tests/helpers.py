@@ -238,6 +238,20 @@ class KernelSpy:
         return self.kernel[grid]
 
 
+class LaunchSpy:
+    """Stands in for a Triton kernel in its module and records each launch's ``KV_TMA`` (whether it
+    loaded whole key blocks through TMA descriptors)."""
+
+    def __init__(self, kernel) -> None:
+        self.kernel, self.tma = kernel, []
+
+    def __getitem__(self, grid):
+        def launch(*args, **kwargs):
+            self.tma.append(kwargs["KV_TMA"])
+            return self.kernel[grid](*args, **kwargs)
+        return launch
+
+
 TRITON_SEARCHES = {  # Triton search variant: (its kernel's module, the kernel's name)
     "tiled_search": (search_kernel, "layer_search_kernel"),
     "stripe_tiles": (stripe_tile_search, "stripe_tile_search_kernel"),

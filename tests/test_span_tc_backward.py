@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from helpers import poisoned_allocations
+from helpers import LaunchSpy, poisoned_allocations
 from tile_cases import TileCase, random_spans
 
 from superlinear_ops.kernels.launch import LaunchGeometry
@@ -125,19 +125,6 @@ def test_spans_in_distinct_key_blocks_and_non_contiguous_q(gen: torch.Generator)
     strided.copy_(q)
     assert not strided.is_contiguous()
     check_gradients(case, (q, *rest), gen, geo_q=strided)
-
-
-class LaunchSpy:
-    """Stands in for a Triton kernel in its module and records each launch's ``KV_TMA``."""
-
-    def __init__(self, kernel) -> None:
-        self.kernel, self.tma = kernel, []
-
-    def __getitem__(self, grid):
-        def launch(*args, **kwargs):
-            self.tma.append(kwargs["KV_TMA"])
-            return self.kernel[grid](*args, **kwargs)
-        return launch
 
 
 @pytest.mark.parametrize("tma", [0, 1])

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 from cases import DTYPES, SPAN_CASES, SpanCase, check_span_properties, make_span_inputs
-from helpers import assert_close, poisoned_allocations
+from helpers import LaunchSpy, assert_close, poisoned_allocations
 from tile_cases import TileCase, random_spans
 
 from superlinear_ops.kernels.launch import LaunchGeometry
@@ -144,19 +144,6 @@ def test_bad_config_raises(change, gen: torch.Generator):
         del config["window_block_n"]
     with pytest.raises(ValueError, match=next(iter(change))):
         span_forward_tc(geo, config)
-
-
-class LaunchSpy:
-    """Stands in for a Triton kernel in its module and records each launch's ``KV_TMA``."""
-
-    def __init__(self, kernel) -> None:
-        self.kernel, self.tma = kernel, []
-
-    def __getitem__(self, grid):
-        def launch(*args, **kwargs):
-            self.tma.append(kwargs["KV_TMA"])
-            return self.kernel[grid](*args, **kwargs)
-        return launch
 
 
 @pytest.mark.parametrize("tma", [0, 1])
