@@ -99,7 +99,7 @@ COVERED: dict[str, dict[str, tuple[KernelSpec, ...]]] = {  # variant -> part -> 
 
 
 def _pointer_type(name: str, dtype: str) -> str:
-    if name in INPUT_POINTERS:
+    if name in INPUT_POINTERS or name in UNUSED_DESCRIPTORS:
         return "*" + _TRITON_TYPES[dtype]
     if name in INT32_POINTERS:
         return "*i32"
@@ -115,7 +115,7 @@ def signature(kernel, constexprs: dict, dtype: str) -> tuple[dict, dict]:
         if name in constexprs:
             types[name] = "constexpr"
         elif name.endswith("_ptr") or name in UNUSED_DESCRIPTORS:
-            types[name] = _pointer_type("K_ptr" if name in UNUSED_DESCRIPTORS else name, dtype)
+            types[name] = _pointer_type(name, dtype)
             attrs[(index,)] = [["tt.divisibility", 16]]
         elif name in FLOATS:
             types[name] = "fp32"
