@@ -53,6 +53,8 @@ TORCH_OPS = "superlinear_ops/torch_ops.py"
 INPUTS = "tests/test_hardening_inputs.py"
 BWD = f"{VARIANTS} -k span_backward"
 TCF_TESTS = "tests/test_span_tc_forward.py"
+LSP = "superlinear_ops/layer/spans_kernel.py"
+SPANS = "tests/test_layer_spans.py"
 
 
 def decode(variant: str) -> str:
@@ -143,6 +145,14 @@ PLANTS = {
     "TMA: window tiles read the first batch row's keys": (WIN, "desc_row = ((batch * (H_Q // REP) + head // REP) * L_KV)", "desc_row = ((head // REP) * L_KV)", f"{TCF_TESTS} -k descriptors"),
     "TMA: the whole blocks skip their first": (WIN, "for i in range(first_inner, end_inner):\n            acc, m, l = attend_whole_block(", "for i in range(first_inner + 1, end_inner):\n            acc, m, l = attend_whole_block(", f"{TCF_TESTS} -k descriptors"),
     "TMA: descriptors despite an attention mask": (WIN, "if geo.has_mask or not (", "if not (", f"{TCF_TESTS} -k descriptors"),
+    "layer spans kernel: start not clamped at the first allowed key": (LSP, "qstart = tl.maximum(anchor - tl.load(back_ptr + distance, mask=live, other=0), first)", "qstart = anchor - tl.load(back_ptr + distance, mask=live, other=0)", SPANS),
+    "layer spans kernel: distance one short": (LSP, "distance = tl.minimum(tl.maximum(pos + 1 - first, 0), L_KV)", "distance = tl.minimum(tl.maximum(pos - first, 0), L_KV)", SPANS),
+    "layer spans kernel: end not kept before the window": (LSP, "limit = tl.where(WINDOW == 0, pos, pos - WINDOW)", "limit = pos", SPANS),
+    "layer spans kernel: position not clamped to the keys": (LSP, "pos = tl.minimum(tl.maximum(pos, 0), L_KV - 1)", "pos = tl.maximum(pos, 0)", SPANS),
+    "layer spans kernel: first allowed key of the wrong row": (LSP, "first = tl.load(first_ptr + offs // ROW, mask=live, other=0)", "first = tl.load(first_ptr + 0 * offs, mask=live, other=0)", SPANS),
+    "layer spans kernel: last program's tail unwritten": (LSP, "live = offs < N", "live = offs < N // BLOCK * BLOCK", SPANS),
+    "side stream: no join before the span-tile kernel": (TCF, "    side.join(plan.order, plan.lo, plan.hi)\n    block_m, block_n", "    block_m, block_n", f"{TCF_TESTS} -k beside"),
+    "side stream: the plan queued on the current stream": (TCF, "    with side:\n        plan = span_tile_plan(geo, SPAN_START_BLOCK)", "    if True:\n        plan = span_tile_plan(geo, SPAN_START_BLOCK)", f"{TCF_TESTS} -k beside"),
     "TMA: window dQ whole blocks read one key late": (WTB, "            k = k_desc.load([desc_row + start, 0])", "            k = k_desc.load([desc_row + start + 1, 0])", "tests/test_span_tc_backward.py -k descriptors"),
     "TMA: window dQ skips the block after the whole ones": (WTB, "        pointer_lo = tile_lo + whole * BLOCK_N", "        pointer_lo = tile_lo + whole * BLOCK_N + BLOCK_N", "tests/test_span_tc_backward.py -k descriptors"),
     "tuner re-tune forgets the earlier winner": (TUNE, "earlier=earlier)", "earlier=None)", "tests/test_tuner.py -k retune"),

@@ -18,7 +18,7 @@ from torch import Tensor
 
 from . import dispatch, geometry
 from .kernels.launch import LaunchGeometry
-from .layer.attention import gate_backward, gate_forward, gate_scores_backward, gate_scores_forward, spans_of_anchors
+from .layer.attention import anchor_spans, gate_backward, gate_forward, gate_scores_backward, gate_scores_forward
 from .problem import SPAN_BACKWARD, SPAN_FORWARD, STAGED_DECODE, Problem
 from .registry import REGISTRY
 from .settings import SpanSettings
@@ -248,7 +248,7 @@ def layer_spans(
     """(qstart, qend) [B, Hq, Lq, topk] of the layer's anchors (-1 where the anchor is -1)."""
     settings = SpanSettings.from_op_arguments(sw_index, anchors.shape[-1], backward_factor, forward_factor, span_power,
                                               search_power, inv_search_power_int)
-    return spans_of_anchors(anchors, cache_position, key_length, attention_mask, settings)
+    return anchor_spans(anchors, cache_position, key_length, attention_mask, settings)
 
 
 @layer_spans.register_fake

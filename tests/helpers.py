@@ -131,12 +131,17 @@ def launch_variant(variant, inputs, backward_args=None, block_k: int | None = BL
 
 
 @contextlib.contextmanager
-def poisoned_allocations():
-    """torch.empty / empty_like / new_empty give NaN-filled floating tensors inside the block."""
+def poisoned_allocations(integer: int | None = None):
+    """torch.empty / empty_like / new_empty give NaN-filled floating tensors inside the block (and,
+    with ``integer``, integer tensors filled with it, or their dtype's largest value where it does not fit)."""
     originals = torch.empty, torch.empty_like, torch.Tensor.new_empty
 
     def poison(t):
-        return t.fill_(float("nan")) if t.is_floating_point() else t
+        if t.is_floating_point():
+            return t.fill_(float("nan"))
+        if integer is None or t.dtype == torch.bool:
+            return t
+        return t.fill_(min(integer, torch.iinfo(t.dtype).max))
 
     torch.empty = lambda *a, **k: poison(originals[0](*a, **k))
     torch.empty_like = lambda *a, **k: poison(originals[1](*a, **k))
@@ -240,14 +245,17 @@ class KernelSpy:
 
 class LaunchSpy:
     """Stands in for a Triton kernel in its module and records each launch's ``KV_TMA`` (whether it
-    loaded whole key blocks through TMA descriptors)."""
+    loaded whole key blocks through TMA descriptors); with ``log``, also appends ``name`` to it at
+    each launch (the order of launches across kernels)."""
 
-    def __init__(self, kernel) -> None:
-        self.kernel, self.tma = kernel, []
+    def __init__(self, kernel, log: list | None = None, name: str = "") -> None:
+        self.kernel, self.tma, self.log, self.name = kernel, [], log, name
 
     def __getitem__(self, grid):
         def launch(*args, **kwargs):
             self.tma.append(kwargs["KV_TMA"])
+            if self.log is not None:
+                self.log.append(self.name)
             return self.kernel[grid](*args, **kwargs)
         return launch
 

@@ -174,6 +174,53 @@ def test_whole_key_blocks_through_descriptors(tma: int, dtype: torch.dtype, gen:
     check_against_reference(case, out, lse, ref_out, ref_lse)
 
 
+def test_plan_runs_beside_the_window_kernel(gen: torch.Generator, monkeypatch):
+    """The stream order a GPU relies on: the side stream forks before the window kernel is queued,
+    the span-tile plan is built inside it (after the window launch), and the join, given exactly
+    the plan's tensors, comes before the span-tile kernel reads them. Off CUDA the side stream runs
+    in place, so the result must still be the reference's."""
+    from superlinear_ops.kernels import side_stream, span_tc_forward, window_attention
+
+    log: list = []
+
+    class RecordingSide(side_stream.SideStream):
+        def __init__(self, device):
+            log.append("fork")
+            super().__init__(device)
+
+        def __enter__(self):
+            log.append("side")
+            return super().__enter__()
+
+        def __exit__(self, *exc):
+            log.append("main")
+            return super().__exit__(*exc)
+
+        def join(self, *made):
+            log.append(("join", made))
+            super().join(*made)
+
+    def recorded_plan(*args):
+        tiles = span_tile_plan(*args)
+        log.append(("plan", tiles))
+        return tiles
+
+    monkeypatch.setattr(span_tc_forward, "SideStream", RecordingSide)
+    monkeypatch.setattr(span_tc_forward, "span_tile_plan", recorded_plan)
+    monkeypatch.setattr(window_attention, "window_attention_kernel",
+                        LaunchSpy(window_attention.window_attention_kernel, log, "window"))
+    monkeypatch.setattr(span_tc_forward, "span_tile_kernel", LaunchSpy(span_tc_forward.span_tile_kernel, log, "span"))
+    case = TileCase(torch.float32, 2, 4, 2, 20, 120, 20, 2, 6, None, False, 60, True)
+    inputs = make_inputs(case, gen)
+    assert case.window > 0
+    out, lse = run_tc(case, LaunchGeometry.prepare(*inputs, case.window))
+    assert [e if isinstance(e, str) else e[0] for e in log] == ["fork", "window", "side", "plan", "main", "join", "span"]
+    tiles, made = log[3][1], log[5][1]
+    assert len(made) == 3 and all(a is b for a, b in zip(made, (tiles.order, tiles.lo, tiles.hi)))
+    ref_out, ref_lse = span_forward_reference(*(t.double() for t in inputs[:3]), *inputs[3:], case.window, return_lse=True)
+    check_against_reference(case, out, lse, ref_out, ref_lse)
+
+
 def test_descriptors_only_where_the_inputs_allow(gen: torch.Generator):
     """A mask, K/V expanded over the batch (stride 0) or a row stride off 16 bytes fall back to
     pointer loads (no descriptors), and the results stay the reference's."""

@@ -3,7 +3,8 @@
 1. ``window_attention`` (window_attention.py) computes each (b, h, q)'s window part once:
    fp32 normalised output and log2-domain LSE.
 2. ``span_tile_plan`` (span_tiles.py) sorts each (batch, KV head) group's (head, query, slot)
-   triples by (clamped span start // 16, span end), on the device.
+   triples by (clamped span start // 16, span end), on the device; on a GPU its small launches
+   run on a high-priority side stream (``side_stream``) while step 1's kernel runs.
 3. ``span_tile_kernel``, one program per (tile of ``BLOCK_M`` sorted triples, group): gathers the
    rows' Q, streams the K/V blocks of the tile's key range [min lo, max hi] with tensor-core dots
    (the blocks every row attends through TMA, as in window_attention.py), per-row [lo, hi] and
@@ -27,6 +28,7 @@ import triton.language as tl
 
 from .common import LOG2E
 from .launch import LaunchGeometry, check_tile_config, forward_outputs
+from .side_stream import SideStream
 from .span_tiles import span_tile_plan
 from .window_attention import attend_rows, block_d, key_value_descriptors, upcast_dots, window_attention
 
@@ -125,11 +127,14 @@ def span_forward_tc(
     out, lse = forward_outputs(geo, out)
     if out.numel() == 0:
         return out, lse
+    side = SideStream(q.device)  # forks here: the plan below runs while the window kernel does
     if geo.window > 0:
         window_out, window_lse = window_attention(geo, config)
     else:  # no window part: the kernel never reads these
         window_out = window_lse = lse
-    plan = span_tile_plan(geo, SPAN_START_BLOCK)
+    with side:
+        plan = span_tile_plan(geo, SPAN_START_BLOCK)
+    side.join(plan.order, plan.lo, plan.hi)
     block_m, block_n = config["span_block_m"], config["span_block_n"]
     descriptors = key_value_descriptors(geo, block_n)
     grid = (triton.cdiv(plan.triples, block_m), plan.groups)

@@ -1,6 +1,6 @@
-"""The steps of the whole layer after the search (SPEC section 7): spans from the anchors (step 2)
-and the gate scores and gate with their backwards (step 4); ``composition`` puts them together
-with the span attention as custom ops.
+"""The steps of the whole layer after the search (SPEC section 7): spans from the anchors (step 2;
+on a GPU one launch of ``spans_kernel``) and the gate scores and gate with their backwards
+(step 4); ``composition`` puts them together with the span attention as custom ops.
 
 Each gate step is an op of the registry (``gate_ops``: gate scores, the gate, and their backwards)
 with two launchers here, the Triton kernels (``gate_kernel``) and the PyTorch path (the reference:
@@ -37,6 +37,22 @@ def spans_of_anchors(
         settings.forward_factor, settings.span_power,
     )
     return qstart, qend.to(torch.int64, copy=True)  # a copy: with ff = 0 qend is the anchors themselves
+
+
+def anchor_spans(
+    anchors: torch.Tensor,
+    cache_position: torch.Tensor,
+    key_length: int,
+    attention_mask: torch.Tensor | None,
+    settings: SpanSettings,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """``spans_of_anchors``'s (qstart, qend): one Triton launch on a GPU (``spans_kernel``), its
+    tensor ops elsewhere (CPU, where they are the faster path)."""
+    if anchors.device.type == "cuda":
+        from .spans_kernel import spans_by_kernel  # imports Triton on first use only
+
+        return spans_by_kernel(anchors, cache_position, key_length, attention_mask, settings)
+    return spans_of_anchors(anchors, cache_position, key_length, attention_mask, settings)
 
 
 def _key_rows(k: torch.Tensor, anchors: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
