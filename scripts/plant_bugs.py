@@ -151,6 +151,7 @@ PLANTS = {
     "layer spans kernel: position not clamped to the keys": (LSP, "pos = tl.minimum(tl.maximum(pos, 0), L_KV - 1)", "pos = tl.maximum(pos, 0)", SPANS),
     "layer spans kernel: first allowed key of the wrong row": (LSP, "first = tl.load(first_ptr + offs // ROW, mask=live, other=0)", "first = tl.load(first_ptr + 0 * offs, mask=live, other=0)", SPANS),
     "layer spans kernel: last program's tail unwritten": (LSP, "live = offs < N", "live = offs < N // BLOCK * BLOCK", SPANS),
+    "float64 layer's spans through the GPU path": ("superlinear_ops/layer/composition.py", "    if dtype == torch.float64:  # the float64 layer", "    if False:  # the float64 layer", f"{LAYER} -k float64"),
     "side stream: no join before the span-tile kernel": (TCF, "    side.join(plan.order, plan.lo, plan.hi)\n    block_m, block_n", "    block_m, block_n", f"{TCF_TESTS} -k beside"),
     "side stream: the plan queued on the current stream": (TCF, "    with side:\n        plan = span_tile_plan(geo, SPAN_START_BLOCK)", "    if True:\n        plan = span_tile_plan(geo, SPAN_START_BLOCK)", f"{TCF_TESTS} -k beside"),
     "TMA: window dQ whole blocks read one key late": (WTB, "            k = k_desc.load([desc_row + start, 0])", "            k = k_desc.load([desc_row + start + 1, 0])", "tests/test_span_tc_backward.py -k descriptors"),

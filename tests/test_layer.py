@@ -354,8 +354,14 @@ def test_short_prefix_chunk_is_causal_attention(gen: torch.Generator) -> None:
     assert torch.equal(grads[2][:, :, case.lq:], torch.zeros_like(grads[2][:, :, case.lq:])), "keys past pos get no gradient"
 
 
-def test_float64_matches_oracle(gen: torch.Generator) -> None:
-    """float64 inputs run the reference search and span ops: the oracle's numbers to float64 rounding."""
+def test_float64_matches_oracle(gen: torch.Generator, monkeypatch) -> None:
+    """float64 inputs run the reference search and span ops: the oracle's numbers to float64 rounding.
+    Their spans come from the tensor ops, never through ``layer_spans``'s GPU path (the references
+    the tuner checks candidates against stay PyTorch)."""
+    def gpu_path(*args):
+        raise AssertionError("the float64 layer reached layer_spans's GPU path")
+
+    monkeypatch.setattr(torch_ops, "anchor_spans", gpu_path)
     case = LayerCase("fp64", ("tie", "mid"), lq=12, lkv=48, start=36, ties=True, dtype=torch.float64)
     x = make_inputs(case, gen)
     expected, expected_grads, traces = oracle_run(case, x)

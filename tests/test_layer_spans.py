@@ -33,8 +33,10 @@ def assert_same(got: torch.Tensor, want: torch.Tensor, what: str) -> None:
 
 
 def oracle_spans(anchors, cache_position, key_length, mask, bf, ff, span_power, window):
-    """(qstart, qend) by the rule, one entry at a time (shares no code with the library)."""
+    """(qstart, qend) by the rule, one entry at a time (shares no code with the library), and where
+    each clamp bound: (start clamped at the first allowed key, end clamped before the window)."""
     qstart, qend = torch.full_like(anchors, -7), torch.full_like(anchors, -7)
+    start_bound, end_bound = torch.zeros_like(anchors, dtype=torch.bool), torch.zeros_like(anchors, dtype=torch.bool)
     batch, heads, lq, slots = anchors.shape
     for b in range(batch):
         first = next((x for x in range(key_length) if mask is None or mask[b, x]), 0)
@@ -50,9 +52,11 @@ def oracle_spans(anchors, cache_position, key_length, mask, bf, ff, span_power, 
                         qstart[b, h, q, j] = qend[b, h, q, j] = -1
                         continue
                     qstart[b, h, q, j] = max(a - back, first)
+                    start_bound[b, h, q, j] = a - back < first
                     end = a if ff == 0 else min(a + reach, pos - window if window > 0 else pos)
                     qend[b, h, q, j] = end
-    return qstart, qend
+                    end_bound[b, h, q, j] = ff != 0 and a + reach > end
+    return qstart, qend, start_bound, end_bound
 
 
 def make_anchors(gen, batch, heads, lq, slots, cache_position, key_length, first, window):
@@ -78,10 +82,12 @@ def make_anchors(gen, batch, heads, lq, slots, cache_position, key_length, first
 @pytest.mark.parametrize("mask_kind", ["none", "left padding", "holes"])
 @pytest.mark.parametrize("ff", [0.0, 1.0])
 @pytest.mark.parametrize("power", list(POWERS.values()), ids=list(POWERS))
-def test_kernel_spans_equal_the_oracle_and_the_tensor_ops(mask_kind, ff, power, gen: torch.Generator):
-    batch, heads, lq, slots, key_length, sw_index, bf, span_power = 2, 3, 23, 3, 400, 4, 3.0, 0.55
+@pytest.mark.parametrize("sw_index", [0, 4], ids=["W0", "sw4"])
+def test_kernel_spans_equal_the_oracle_and_the_tensor_ops(mask_kind, ff, power, sw_index, gen: torch.Generator):
+    batch, heads, lq, slots, key_length, bf, span_power = 2, 3, 23, 3, 400, 3.0, 0.55
     settings = SpanSettings(sw_index, slots, bf, ff, span_power, geometry.power_params(**power))
     window = settings.window_for(key_length)
+    assert (window == 0) == (sw_index == 0)
     cache_position = torch.arange(300, 300 + lq)  # mid static cache: keys past the last position
     cache_position[5], cache_position[9] = key_length + 7, -1  # clamp to the last key / to 0
     mask = None
@@ -97,13 +103,16 @@ def test_kernel_spans_equal_the_oracle_and_the_tensor_ops(mask_kind, ff, power, 
     assert anchors.numel() > BLOCK // 8 and (anchors < 0).any() and (anchors >= 0).sum() > anchors.numel() // 2
     with poisoned_allocations(integer=POISON):
         qstart, qend = spans_by_kernel(anchors, cache_position, key_length, mask, settings)
-    want_start, want_end = oracle_spans(anchors, cache_position, key_length, mask, bf, ff, span_power, window)
+    want_start, want_end, start_bound, end_bound = oracle_spans(anchors, cache_position, key_length, mask, bf, ff,
+                                                                span_power, window)
     assert_same(qstart, want_start, "qstart")
     assert_same(qend, want_end, "qend")
-    assert (qstart == first[1]).any() and ((qstart > first[1]) & (anchors >= 0)).any()  # both sides of the start clamp
+    used = anchors >= 0
+    assert (start_bound & used).any() and (~start_bound & used).any(), "both sides of the start clamp"
+    if mask_kind != "none":
+        assert start_bound[1].any(), "the left-padded row's starts clamp at its first allowed key"
     if ff:
-        limits = (cache_position.clamp(0, key_length - 1) - window).view(1, 1, -1, 1)
-        assert (qend == limits).any() and ((qend < limits) & (anchors >= 0)).any()  # both sides of the end clamp
+        assert (end_bound & used).any() and (~end_bound & used).any(), "both sides of the end clamp"
     ops_start, ops_end = spans_of_anchors(anchors, cache_position, key_length, mask, settings)
     assert_same(qstart, ops_start, "qstart (tensor ops)")
     assert_same(qend, ops_end, "qend (tensor ops)")
@@ -121,6 +130,20 @@ def test_more_entries_than_one_program(gen: torch.Generator):
     assert anchors.numel() > 5 * BLOCK and anchors.numel() % BLOCK
     with poisoned_allocations(integer=POISON):
         qstart, qend = spans_by_kernel(anchors, cache_position, key_length, None, settings)
-    want = oracle_spans(anchors.long(), cache_position, key_length, None, 2.0, 1.0, 0.5, window)
+    want = oracle_spans(anchors.long(), cache_position, key_length, None, 2.0, 1.0, 0.5, window)[:2]
     assert_same(qstart, want[0], "qstart")
     assert_same(qend, want[1], "qend")
+
+
+def test_shapes_the_kernel_cannot_broadcast_raise(gen: torch.Generator):
+    """A position per query and a mask row per batch row: anything else raises ValueError naming the
+    argument (the tensor ops would broadcast; the kernel would read past them)."""
+    settings = SpanSettings(4, 3, 3.0, 1.0, 0.55, geometry.power_params(search_power=None, inv_search_power_int=2))
+    anchors = torch.full((2, 2, 5, 3), 10, dtype=torch.int64)
+    positions = torch.arange(300, 305)
+    mask = torch.ones(2, 400, dtype=torch.bool)
+    with pytest.raises(ValueError, match="cache_position"):
+        spans_by_kernel(anchors, positions[:1], 400, mask, settings)
+    for wrong in (mask[:1], mask[:, :399], mask[0]):
+        with pytest.raises(ValueError, match="attention_mask"):
+            spans_by_kernel(anchors, positions, 400, wrong, settings)

@@ -18,7 +18,7 @@ import torch
 
 from .. import torch_ops
 from ..settings import SpanSettings
-from .attention import Chosen, gate_forward, gate_scores_forward
+from .attention import Chosen, gate_forward, gate_scores_forward, spans_of_anchors
 
 # span_attention(qstart, qend) -> per-span outputs [B, Hq, Lq, K, D] (window included in each)
 SpanAttention = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
@@ -45,13 +45,18 @@ def attention_layer(
 ) -> torch.Tensor:
     """O [B, Hq, Lq, D] in ``dtype`` from the search's anchors [B, Hq, Lq, topk] (steps 2-5): the
     spans, the gate scores and the gate as the custom ops ``layer_spans``, ``layer_gate_scores`` and
-    ``layer_gate``; with ``gates`` (the tuner's explicit parts) the gate runs those choices, forward
-    only (no autograd)."""
+    ``layer_gate`` (in float64 the spans are the tensor ops of ``spans_of_anchors``, never the GPU's
+    spans kernel: the references stay PyTorch); with ``gates`` (the tuner's explicit parts) the gate
+    runs those choices, forward only (no autograd)."""
     power = settings.params.arguments
-    qstart, qend = torch_ops.run(
-        torch_ops.layer_spans, anchors, cache_position, attention_mask, k.shape[2], settings.sw_index, settings.backward_factor,
-        settings.forward_factor, settings.span_power, power["search_power"], power["inv_search_power_int"],
-    )
+    if dtype == torch.float64:  # the float64 layer (every reference) stays PyTorch throughout, spans included
+        qstart, qend = spans_of_anchors(anchors, cache_position, k.shape[2], attention_mask, settings)
+    else:
+        qstart, qend = torch_ops.run(
+            torch_ops.layer_spans, anchors, cache_position, attention_mask, k.shape[2], settings.sw_index,
+            settings.backward_factor, settings.forward_factor, settings.span_power, power["search_power"],
+            power["inv_search_power_int"],
+        )
     span_out = span_attention(qstart, qend)  # [B, Hq, Lq, topk, D]
     if gates is not None:
         return gate_forward(gate_scores_forward(q1, k, anchors, gates.scores), span_out, dtype, gates.gate)

@@ -5,7 +5,7 @@ runs off the GPU), from the same exact span-length tables (``geometry.span_lengt
 (b, h, q, slot) with anchor a, pos = cache_position[q] clamped to the keys, s = the first key the
 mask allows in row b (0 without a mask) and d = clamp(pos + 1 - s, 0, Lkv),
 
-    qstart = max(a - back[d], s),   qend = min(a + forward[d], pos - W)  (pos when W = 0),
+    qstart = max(a - back[d], s),   qend = min(a + forward[d], pos - W),
 
 and -1 for both where a = -1; without a forward factor qend = a. One launch instead of about 25
 small ones: at model M's 8192-query chunks on an H200 the tensor ops took about 0.1 ms of GPU time
@@ -60,8 +60,15 @@ def spans_by_kernel(
     settings: SpanSettings,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """(qstart, qend) [B, Hq, Lq, topk] int64 of the anchors [B, Hq, Lq, topk]: ``spans_of_anchors``'s
-    result in one launch (the first allowed key of a masked row comes from one argmax first)."""
+    result in one launch (the first allowed key of a masked row comes from one argmax first).
+    ValueError when cache_position is not [Lq] or the mask not [B, >= key_length] (the kernel
+    indexes them per query and per row; the tensor ops would broadcast)."""
     batch, hq, lq, slots = anchors.shape
+    if cache_position.shape != (lq,):
+        raise ValueError(f"cache_position must be [Lq={lq}] (one position per query), got {tuple(cache_position.shape)}")
+    if attention_mask is not None and (attention_mask.dim() != 2 or attention_mask.shape[0] != batch
+                                       or attention_mask.shape[1] < key_length):
+        raise ValueError(f"attention_mask must be [B={batch}, >= Lkv={key_length}], got {tuple(attention_mask.shape)}")
     qstart = torch.empty(anchors.shape, dtype=torch.int64, device=anchors.device)
     qend = torch.empty_like(qstart)
     if anchors.numel() == 0:
