@@ -77,6 +77,18 @@ def inputs(lq, lkv, seed=0, masked_front=0, grad=False):
     return q1, q2, k, v, torch.arange(lkv - lq, lkv, device=DEVICE), mask
 
 
+def public_call(lq, lkv, training):
+    """(call, positions): ``call()`` runs the public op at model M on ``inputs(lq, lkv, seed=4)`` and
+    returns (O,) or, for training, (O, dQ1, dQ2, dK, dV) under a fixed output gradient."""
+    q1, q2, k, v, positions, _ = inputs(lq, lkv, seed=4, grad=training)
+    grad = torch.randn(1, HQ, lq, D, device=DEVICE, dtype=torch.bfloat16)
+
+    def call():
+        out = superlinear_attention(q1, q2, k, v, positions, None, **ARGS)
+        return (out, *torch.autograd.grad(out, (q1, q2, k, v), grad)) if training else (out,)
+    return call, positions
+
+
 def reference_layer(q1, q2, k, v, cp, mask, anchors):
     """The float64 layer on given anchors (the library's PyTorch composition), differentiable."""
     settings = SETTINGS.for_keys(k.shape[2])

@@ -16,11 +16,10 @@ import json
 import statistics
 
 import torch
-from layer_compare import ARGS, HQ, D, inputs, warm_gpu  # this folder's model-M helpers
+from layer_compare import public_call, warm_gpu  # this folder's model-M helpers
 from prefill_compare import bench, profile
 
 from superlinear_ops.kernels import side_stream, span_tc_forward
-from superlinear_ops.layer_api import superlinear_attention
 
 CASES = [(8192, 16384, False), (8192, 139264, False), (8192, 1048576, False), (32768, 1048576, False),
          (4096, 4096, True), (16384, 16384, True), (65536, 65536, True)]
@@ -28,16 +27,6 @@ CASES = [(8192, 16384, False), (8192, 139264, False), (8192, 1048576, False), (3
 
 def use(side: bool) -> None:
     span_tc_forward.SideStream = side_stream.SideStream if side else (lambda device: side_stream.SideStream(torch.device("cpu")))
-
-
-def layer_call(lq: int, lkv: int, training: bool):
-    q1, q2, k, v, positions, _ = inputs(lq, lkv, seed=4, grad=training)
-    grad = torch.randn(1, HQ, lq, D, device="cuda", dtype=torch.bfloat16)
-
-    def call():
-        out = superlinear_attention(q1, q2, k, v, positions, None, **ARGS)
-        return (out, *torch.autograd.grad(out, (q1, q2, k, v), grad)) if training else (out,)
-    return call, positions
 
 
 def graph_check(call, positions: torch.Tensor, eager: torch.Tensor) -> dict:
@@ -71,7 +60,7 @@ def main() -> None:
     results = {}
     for lq, lkv, training in CASES:
         name = f"{'training' if training else 'prefill'} {lq} over {lkv}"
-        call, positions = layer_call(lq, lkv, training)
+        call, positions = public_call(lq, lkv, training)
         grad_mode = torch.enable_grad if training else torch.no_grad
         outputs, times = {}, {False: [], True: []}
         for side in (False, True):

@@ -14,13 +14,12 @@ from __future__ import annotations
 import statistics
 
 import torch
-from layer_compare import ARGS, HQ, SETTINGS, D, inputs, warm_gpu  # this folder's model-M helpers
+from layer_compare import HQ, SETTINGS, public_call, warm_gpu  # this folder's model-M helpers
 from prefill_compare import bench
 
 from superlinear_ops import torch_ops
 from superlinear_ops.layer import attention
 from superlinear_ops.layer.spans_kernel import spans_by_kernel
-from superlinear_ops.layer_api import superlinear_attention
 
 CASES = [(8192, 16384, False), (8192, 139264, False), (8192, 1048576, False), (32768, 1048576, False),
          (4096, 4096, True), (16384, 16384, True)]
@@ -28,16 +27,6 @@ CASES = [(8192, 16384, False), (8192, 139264, False), (8192, 1048576, False), (3
 
 def use(kernel: bool) -> None:
     torch_ops.anchor_spans = attention.anchor_spans if kernel else attention.spans_of_anchors
-
-
-def layer_call(lq: int, lkv: int, training: bool):
-    q1, q2, k, v, positions, _ = inputs(lq, lkv, seed=4, grad=training)
-    grad = torch.randn(1, HQ, lq, D, device="cuda", dtype=torch.bfloat16)
-
-    def call():
-        out = superlinear_attention(q1, q2, k, v, positions, None, **ARGS)
-        return (out, *torch.autograd.grad(out, (q1, q2, k, v), grad)) if training else (out,)
-    return call, positions
 
 
 def spans_alone(lq: int, lkv: int, positions: torch.Tensor) -> str:
@@ -55,7 +44,7 @@ def spans_alone(lq: int, lkv: int, positions: torch.Tensor) -> str:
 def main() -> None:
     warm_gpu(1.0)
     for lq, lkv, training in CASES:
-        call, positions = layer_call(lq, lkv, training)
+        call, positions = public_call(lq, lkv, training)
         grad_mode = torch.enable_grad if training else torch.no_grad
         outputs, times = {}, {False: [], True: []}
         for kernel in (False, True):
