@@ -117,6 +117,16 @@ def check_span_inputs(q, k, v, qstart, qend, cache_position, attention_mask) -> 
     _mask(attention_mask, batch, lkv, q.device)
 
 
+def check_anchor_inputs(anchors, cache_position, attention_mask, key_length: int) -> None:
+    """Shape, dtype and device checks for the layer's spans from its anchors [B, Hq, Lq, topk]
+    (no sync): one position per query, a mask row per batch row covering the keys."""
+    anchors = _tensor("anchors", anchors)
+    _rank("anchors", anchors, 4, "[B, Hq, Lq, topk]")
+    _index("anchors", anchors)
+    _cache_position(cache_position, anchors.shape[2], anchors.device)
+    _mask(attention_mask, anchors.shape[0], key_length, anchors.device)
+
+
 def check_topk(value: object, name: str = "topk") -> int:
     """``value`` as a slot count: an int >= 1; ValueError/TypeError naming ``name`` (the argument the caller passed)."""
     if isinstance(value, bool) or not isinstance(value, int):

@@ -18,7 +18,7 @@ import torch
 import triton
 import triton.language as tl
 
-from .. import geometry
+from .. import geometry, validation
 from ..settings import SpanSettings
 
 BLOCK = 1024  # (b, h, q, slot) entries per program
@@ -61,14 +61,11 @@ def spans_by_kernel(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """(qstart, qend) [B, Hq, Lq, topk] int64 of the anchors [B, Hq, Lq, topk]: ``spans_of_anchors``'s
     result in one launch (the first allowed key of a masked row comes from one argmax first).
-    ValueError when cache_position is not [Lq] or the mask not [B, >= key_length] (the kernel
-    indexes them per query and per row; the tensor ops would broadcast)."""
-    batch, hq, lq, slots = anchors.shape
-    if cache_position.shape != (lq,):
-        raise ValueError(f"cache_position must be [Lq={lq}] (one position per query), got {tuple(cache_position.shape)}")
-    if attention_mask is not None and (attention_mask.dim() != 2 or attention_mask.shape[0] != batch
-                                       or attention_mask.shape[1] < key_length):
-        raise ValueError(f"attention_mask must be [B={batch}, >= Lkv={key_length}], got {tuple(attention_mask.shape)}")
+    ValueError when cache_position is not [Lq] or the mask not [B, >= key_length]
+    (``validation.check_anchor_inputs``: the kernel indexes them per query and per row, where the
+    tensor ops would broadcast)."""
+    validation.check_anchor_inputs(anchors, cache_position, attention_mask, key_length)
+    _, hq, lq, slots = anchors.shape
     qstart = torch.empty(anchors.shape, dtype=torch.int64, device=anchors.device)
     qend = torch.empty_like(qstart)
     if anchors.numel() == 0:
