@@ -30,6 +30,7 @@ S = "superlinear_ops/decode/search_kernel.py"
 SPLIT = "superlinear_ops/decode/split_window_kernels.py"
 TCF = "superlinear_ops/kernels/span_tc_forward.py"
 WIN = "superlinear_ops/kernels/window_attention.py"
+TILES = "superlinear_ops/kernels/span_tiles.py"
 TCB = "superlinear_ops/kernels/span_tc_backward.py"
 GEO = "superlinear_ops/geometry.py"
 REF = "superlinear_ops/reference.py"
@@ -143,7 +144,15 @@ PLANTS = {
     "TMA: whole key blocks read one key late": (C, "    k = k_desc.load([row, 0])", "    k = k_desc.load([row + 1, 0])", f"{TCF_TESTS} -k descriptors"),
     "TMA: span tiles read the first batch row's keys": (TCF, "(group * L_KV).to(tl.int32),", "((group % H_KV) * L_KV).to(tl.int32),", f"{TCF_TESTS} -k descriptors"),
     "TMA: window tiles read the first batch row's keys": (WIN, "desc_row = ((batch * (H_Q // REP) + head // REP) * L_KV)", "desc_row = ((head // REP) * L_KV)", f"{TCF_TESTS} -k descriptors"),
-    "TMA: the whole blocks skip their first": (WIN, "for i in range(first_inner, end_inner):\n            acc, m, l = attend_whole_block(", "for i in range(first_inner + 1, end_inner):\n            acc, m, l = attend_whole_block(", f"{TCF_TESTS} -k descriptors"),
+    "TMA: the whole blocks skip their first": (WIN, "    if KV_TMA:\n        for i in range(first_inner, end_inner):", "    if KV_TMA:\n        for i in range(first_inner + 1, end_inner):", f"{TCF_TESTS} -k descriptors"),
+    "edge TMA: edge blocks through TMA at any window": (TCF, "edge_tma = descriptors is not None and geo.window >= block_n", "edge_tma = descriptors is not None", f"{TCF_TESTS} -k edge_blocks"),
+    "edge TMA: never used": (TCF, "edge_tma = descriptors is not None and geo.window >= block_n", "edge_tma = False", f"{TCF_TESTS} -k descriptors"),
+    "edge TMA: the last edge blocks without row masks": (WIN, "for i in range(end_inner, n_blocks):\n            start = tile_lo + i * BLOCK_N\n            acc, m, l = attend_described_block(acc, m, l, q, k_desc, v_desc, desc_row + start, start, row_lo, row_hi,\n                                               qk_scale, BLOCK_N, True,", "for i in range(end_inner, n_blocks):\n            start = tile_lo + i * BLOCK_N\n            acc, m, l = attend_described_block(acc, m, l, q, k_desc, v_desc, desc_row + start, start, row_lo, row_hi,\n                                               qk_scale, BLOCK_N, False,", f"{TCF_TESTS} -k descriptors"),
+    "span-tile plan: spans not kept before the window": (TILES, "    hi = tl.where(WINDOW > 0, tl.minimum(hi, pos - WINDOW), hi)\n", "", f"{TCF_TESTS} -k plan_order"),
+    "span-tile plan: the position of the wrong query": (TILES, "pos_ptr + (triple // K_SPANS) % L_Q", "pos_ptr + triple % L_Q", f"{TCF_TESTS} -k plan_order"),
+    "span-tile plan: empty spans not sorted last": (TILES, "key = tl.where(hi < lo, 0x7FFFFFFF, key).to(tl.int32)", "key = key.to(tl.int32)", f"{TCF_TESTS} -k plan_order"),
+    "span-tile plan: bounds of the unsorted triples": (TILES, "triple = tl.load(order_ptr + group * N_TRIPLES + offs, mask=ok, other=0)", "triple = offs.to(tl.int64)", f"{TCF_TESTS} -k plan_order"),
+    "span-tile plan: unused slots attend key 0": (TILES, "return tl.maximum(qstart, 0), tl.where(qend < 0, -1, hi)", "return tl.maximum(qstart, 0), tl.maximum(hi, 0)", f"{TCF_TESTS} -k plan_order"),
     "TMA: descriptors despite an attention mask": (WIN, "if geo.has_mask or not (", "if not (", f"{TCF_TESTS} -k descriptors"),
     "layer spans kernel: start not clamped at the first allowed key": (LSP, "qstart = tl.maximum(anchor - tl.load(back_ptr + distance, mask=live, other=0), first)", "qstart = anchor - tl.load(back_ptr + distance, mask=live, other=0)", SPANS),
     "layer spans kernel: distance one short": (LSP, "distance = tl.minimum(tl.maximum(pos + 1 - first, 0), L_KV)", "distance = tl.minimum(tl.maximum(pos - first, 0), L_KV)", SPANS),
@@ -153,8 +162,8 @@ PLANTS = {
     "layer spans kernel: last program's tail unwritten": (LSP, "live = offs < N", "live = offs < N // BLOCK * BLOCK", SPANS),
     "float64 layer's spans through the GPU path": ("superlinear_ops/layer/composition.py", "    if dtype == torch.float64:  # the float64 layer", "    if False:  # the float64 layer", f"{LAYER} -k float64"),
     "side stream: no allocator mark for the current stream": ("superlinear_ops/kernels/side_stream.py", "            tensor.record_stream(self._main)", "            pass", "tests/test_side_stream.py"),
-    "side stream: no fork before the side stream's launches": ("superlinear_ops/kernels/side_stream.py", "            self._side.wait_stream(self._main)", "            pass", "tests/test_side_stream.py"),
-    "side stream: the pool's current stream used as the side stream": ("superlinear_ops/kernels/side_stream.py", "while side is None or side == main:", "while side is None:", "tests/test_side_stream.py"),
+    "side stream: no fork before the side stream's launches": ("superlinear_ops/kernels/side_stream.py", "            self._fork.side.wait_event(self._fork.forked)", "            pass", "tests/test_side_stream.py"),
+    "side stream: the pool's current stream used as the side stream": ("superlinear_ops/kernels/side_stream.py", "        while side == main:", "        while False:", "tests/test_side_stream.py"),
     "side stream: no join before the span-tile kernel": (TCF, "    side.join(plan.order, plan.lo, plan.hi)\n    block_m, block_n", "    block_m, block_n", f"{TCF_TESTS} -k beside"),
     "side stream: the plan queued on the current stream": (TCF, "    with side:\n        plan = span_tile_plan(geo, SPAN_START_BLOCK)", "    if True:\n        plan = span_tile_plan(geo, SPAN_START_BLOCK)", f"{TCF_TESTS} -k beside"),
     "TMA: window dQ whole blocks read one key late": (WTB, "            k = k_desc.load([desc_row + start, 0])", "            k = k_desc.load([desc_row + start + 1, 0])", "tests/test_span_tc_backward.py -k descriptors"),

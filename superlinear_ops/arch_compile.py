@@ -40,8 +40,8 @@ BLOCK_D = 128  # padded head dim: the table serves head dims 65 to 128 (model M:
 K_SPANS = 3
 _TRITON_TYPES = {"bfloat16": "bf16", "float16": "fp16", "float32": "fp32"}
 INPUT_POINTERS = frozenset({"Q_ptr", "K_ptr", "V_ptr", "dO_ptr", "dOs_ptr", "Out_ptr", "dQout_ptr", "dKout_ptr", "dVout_ptr"})
-INT32_POINTERS = frozenset({"order_ptr", "lo_ptr", "hi_ptr", "perm_ptr", "first_ptr", "last_ptr", "tile_lo_ptr", "tile_hi_ptr"})
-INT64_POINTERS = frozenset({"spos_ptr", "cache_pos_ptr"})
+INT32_POINTERS = frozenset({"lo_ptr", "hi_ptr", "perm_ptr", "first_ptr", "last_ptr", "tile_lo_ptr", "tile_hi_ptr"})
+INT64_POINTERS = frozenset({"order_ptr", "spos_ptr", "cache_pos_ptr"})
 UNUSED_DESCRIPTORS = frozenset({"k_desc", "v_desc"})  # K and V again when KV_TMA is off
 FLOATS = frozenset({"qk_scale", "sm_scale"})
 
@@ -76,8 +76,8 @@ def _swapped_tiles(m: int, n: int, d: int) -> dict:  # the dQ kernel's tiles are
     return _forward_tiles(n, m, d)
 
 
-def _span_tiles(m: int, n: int, d: int) -> dict:
-    return dict(_forward_tiles(m, n, d), K_SPANS=K_SPANS, HAS_WINDOW=True)
+def _span_tiles(m: int, n: int, d: int) -> dict:  # its edge-block TMA path off too
+    return dict(_forward_tiles(m, n, d), K_SPANS=K_SPANS, HAS_WINDOW=True, EDGE_TMA=False)
 
 
 def _backward_span_tiles(m: int, n: int, d: int) -> dict:

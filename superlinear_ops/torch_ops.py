@@ -224,6 +224,8 @@ def layer_search(
     choice = dispatch.select(problem)
     settings = settings.for_keys(k.shape[2])
     anchors = choice.variant.launch(q1, k, cache_position, attention_mask, settings, choice.config)
+    if settings.topk == topk:  # no slot beyond the stripes: no padded copy
+        return anchors
     return torch.nn.functional.pad(anchors, (0, topk - settings.topk), value=-1)
 
 

@@ -170,6 +170,7 @@ def test_whole_key_blocks_through_descriptors(tma: int, dtype: torch.dtype, gen:
             monkeypatch.setattr(module, "key_value_descriptors", lambda *_: None)
     out, lse = run_tc(case, geo)
     assert [spy.tma for spy in spies.values()] == [[bool(tma)], [bool(tma)]]
+    assert spies["span_tile_kernel"].edge_tma == [bool(tma)], "W 63 >= 16-key blocks: the edge blocks through TMA too"
     ref_out, ref_lse = span_forward_reference(*(t.double() for t in inputs[:3]), *inputs[3:], case.window, return_lse=True)
     check_against_reference(case, out, lse, ref_out, ref_lse)
 
@@ -221,6 +222,33 @@ def test_plan_runs_beside_the_window_kernel(gen: torch.Generator, monkeypatch):
     check_against_reference(case, out, lse, ref_out, ref_lse)
 
 
+def test_edge_blocks_never_read_an_unwritten_cache_tail(gen: torch.Generator, monkeypatch):
+    """W 3 is shorter than a 16-key block: a span tile's last block, which starts at its first span
+    key, reaches past its queries' positions into the cache tail (NaN here: never written), so it
+    must come by pointer loads (keys past the tile's last span key read as 0), not through TMA; the
+    whole blocks still do. Every output stays finite and equals the reference's."""
+    from superlinear_ops.kernels import span_tc_forward
+
+    case = TileCase(torch.float32, 1, 2, 1, 8, 64, 16, 3, 1, None, False, 4, True)
+    assert case.window == 3
+    q, k, v, *_ = make_inputs(case, gen)
+    cache_position = torch.arange(33, 41)  # keys 41.. are the unwritten tail
+    k, v = k.clone(), v.clone()
+    k[:, :, 41:], v[:, :, 41:] = float("nan"), float("nan")
+    end = (cache_position - case.window).view(1, 1, -1, 1).expand(1, 2, 8, 3)
+    qend = end - torch.tensor([0, 1, 2]).view(1, 1, 1, 3)
+    qstart = qend - 3  # 4-key spans: the last tile's first key is >= 26, so its block reaches key 41
+    geo = LaunchGeometry.prepare(q, k, v, qstart, qend, cache_position, None, case.window)
+    assert int(span_tile_plan(geo, 16).lo[:, -16:].min()) + 15 >= 41
+    spy = LaunchSpy(span_tc_forward.span_tile_kernel)
+    monkeypatch.setattr(span_tc_forward, "span_tile_kernel", spy)
+    out, lse = run_tc(case, geo)
+    ref_out, ref_lse = span_forward_reference(q.double(), k.double().nan_to_num(0), v.double().nan_to_num(0), qstart, qend,
+                                              cache_position, None, case.window, return_lse=True)
+    check_against_reference(case, out, lse, ref_out, ref_lse)  # NaN never passes
+    assert (spy.tma, spy.edge_tma) == ([True], [False]), "whole blocks through TMA, edge blocks by pointers"
+
+
 def test_descriptors_only_where_the_inputs_allow(gen: torch.Generator):
     """A mask, K/V expanded over the batch (stride 0) or a row stride off 16 bytes fall back to
     pointer loads (no descriptors), and the results stay the reference's."""
@@ -255,21 +283,35 @@ def test_shared_span_cases(case: SpanCase, gen: torch.Generator):
 
 @pytest.mark.parametrize("start_block", [1, 16])
 def test_span_tile_plan_order(start_block: int, gen: torch.Generator):
-    """Each group's plan is a permutation; empty spans last; starts sorted by block, then ends."""
-    case = TileCase(torch.float32, 2, 4, 2, 30, 200, 16, 3, 4, None, False, 60, True)
-    geo = LaunchGeometry.prepare(*make_inputs(case, gen), case.window)
+    """Each group's plan is a permutation; its bounds are the tensor ops' (``clamped_span_bounds``)
+    of the sorted triples, with every clamp binding somewhere (starts before key 0, ends inside the
+    query's window, unused slots); empty spans come last and starts are sorted by block, then ends;
+    ties keep triple order (a stable sort)."""
+    case = TileCase(torch.float32, 2, 4, 2, 30, 200, 16, 3, 4, None, False, 60, False)
+    q, k, v, qstart, qend, cache_position, _ = make_inputs(case, gen)
+    used = qend >= 0
+    pos = cache_position.clamp(max=case.lkv - 1).view(1, 1, -1, 1)
+    into_window = used & (torch.rand(qend.shape, generator=gen) < 0.3)
+    qend = torch.where(into_window, torch.minimum(qend + case.window, pos), qend)
+    qstart = torch.where(used & (torch.rand(qstart.shape, generator=gen) < 0.2), -1, qstart)
+    assert (qend > pos - case.window).any() and ((qstart < 0) & used).any() and (~used).any(), "every clamp binds"
+    geo = LaunchGeometry.prepare(q, k, v, qstart, qend, cache_position, None, case.window)
     plan = span_tile_plan(geo, start_block)
-    lo, hi = clamped_span_bounds(geo)
+    lo, hi = (bound.view(plan.groups, -1) for bound in clamped_span_bounds(geo))
+    assert (plan.order.dtype, plan.lo.dtype, plan.hi.dtype) == (torch.int64, torch.int32, torch.int32), "plan dtypes"
     for g in range(plan.groups):
-        order = plan.order[g].long()
-        assert torch.equal(order.sort().values, torch.arange(plan.triples))
-        assert torch.equal(plan.lo[g], lo.view(plan.groups, -1)[g, order])
-        assert torch.equal(plan.hi[g], hi.view(plan.groups, -1)[g, order])
+        order = plan.order[g]
+        torch.testing.assert_close(order.sort().values, torch.arange(plan.triples), rtol=0, atol=0, msg="a permutation")
+        torch.testing.assert_close(plan.lo[g], lo[g, order], rtol=0, atol=0, msg="sorted starts")
+        torch.testing.assert_close(plan.hi[g], hi[g, order], rtol=0, atol=0, msg="sorted ends")
         empty = plan.hi[g] < plan.lo[g]
         n_full = int((~empty).sum())
-        assert not empty[:n_full].any() and 0 < n_full < plan.triples
+        assert not empty[:n_full].any() and 0 < n_full < plan.triples, "empty spans last"
         key = (plan.lo[g, :n_full].long() // start_block) * 1000 + (plan.hi[g, :n_full] if start_block > 1 else 0)
-        assert (key[1:] >= key[:-1]).all()
+        assert (key[1:] >= key[:-1]).all(), "sorted by start block, then end"
+        tie = key[1:] == key[:-1]
+        assert tie.any() and (order[1:n_full][tie] > order[: n_full - 1][tie]).all(), "ties keep triple order"
+        assert (order[n_full + 1:] > order[n_full:-1]).all(), "the empty ones in triple order too"
     # Past about 185K keys the packed (start block, end) key needs int64: the same order.
     long_k = geo.k[:, :, :1].expand(-1, -1, 200_000, -1)
     long_geo = LaunchGeometry.prepare(geo.q, long_k, long_k, geo.qstart, geo.qend, geo.cache_position, None, geo.window)

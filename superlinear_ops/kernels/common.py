@@ -126,9 +126,19 @@ def attend_block(
 
 
 @triton.jit
-def attend_whole_block(acc, m, l, q, k_desc, v_desc, row, qk_scale, UPCAST: tl.constexpr):
-    """``attend_block`` for a block of keys that every row of the tile attends, loaded by the tensor
-    memory accelerator from ``row`` of the [keys, D] descriptors: no per-key or per-row masks."""
+def attend_described_block(
+    acc, m, l, q, k_desc, v_desc, row, start, row_lo, row_hi, qk_scale,
+    BLOCK_N: tl.constexpr, ROW_MASK: tl.constexpr, UPCAST: tl.constexpr,
+):
+    """``attend_block`` for keys start..start+BLOCK_N-1 loaded whole by the tensor memory
+    accelerator from ``row`` of the [keys, D] descriptors. Without ``ROW_MASK`` every row attends
+    every key of the block (no masks at all); with it row r attends [row_lo[r], row_hi[r]] and the
+    block's other keys, loaded as they are, only meet zero weights (the caller makes sure that
+    they are keys of the same group that hold finite values)."""
     k = k_desc.load([row, 0])
     v = v_desc.load([row, 0])
-    return online_softmax_step(acc, m, l, tc_dot(q, tl.trans(k), UPCAST) * qk_scale, v, UPCAST)
+    s = tc_dot(q, tl.trans(k), UPCAST) * qk_scale
+    if ROW_MASK:
+        offs_n = start + tl.arange(0, BLOCK_N)
+        s = tl.where((offs_n[None, :] >= row_lo[:, None]) & (offs_n[None, :] <= row_hi[:, None]), s, float("-inf"))
+    return online_softmax_step(acc, m, l, s, v, UPCAST)

@@ -9,14 +9,17 @@ of a tile attends come through the tensor memory accelerator (TMA descriptors ov
 [B * Hkv * Lkv, D] run of rows, ``key_value_descriptors``) where the inputs allow it: no attention
 mask, sm_90 or newer, evenly spaced rows 16-byte aligned. On the H200 that made this kernel 12% to
 15% faster and the span-tile kernel about 19% (model M prefill, docs/benchmarks/h200-model-m.md).
-The other blocks, and every block of masked inputs, are read by pointer loads.
+The other blocks, and every block of masked inputs, are read by pointer loads (the span-tile
+kernel reads its edge blocks through TMA too where its caller shows them safe: ``EDGE_TMA``).
 
 It writes, per (b, h, q), the window attention normalised in fp32 and its log2-domain
 log-sum-exp (``-inf`` when the row attends no window key), which the span kernel merges with
 each span part. Keys outside the tile's range or masked out are loaded as 0, so uninitialised
 (NaN) cache entries never reach a dot; NaN in Q or in an attended key shows in the row. (A NaN
 value vector that one row of a tile attends also reaches the tile's other rows, as 0 * NaN in the
-shared dot: keys that some row attends are expected to be finite.)
+shared dot: keys that some row attends are expected to be finite. With ``EDGE_TMA`` that extends
+to the keys past the tile's range up to the end of its last block: keys before the queries'
+windows, which a written cache holds.)
 """
 
 from __future__ import annotations
@@ -28,7 +31,7 @@ import torch
 import triton
 import triton.language as tl
 
-from .common import LOG2E, attend_block, attend_whole_block
+from .common import LOG2E, attend_block, attend_described_block
 from .launch import LaunchGeometry
 
 NO_KEY = tl.constexpr(2**31 - 1)  # tile-range sentinel of a row that attends nothing
@@ -39,15 +42,17 @@ def attend_rows(
     q, K_ptr, V_ptr, kv_base, stride_kl, mask_ptr, mask_base, row_lo, row_hi, offs_d, d_mask, qk_scale,
     k_desc, v_desc, desc_row,
     BLOCK_M: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr,
-    HAS_MASK: tl.constexpr, KV_TMA: tl.constexpr, UPCAST: tl.constexpr,
+    HAS_MASK: tl.constexpr, KV_TMA: tl.constexpr, EDGE_TMA: tl.constexpr, UPCAST: tl.constexpr,
 ):
     """Online softmax of each row r over keys [row_lo[r], row_hi[r]] (none when hi < lo), mask applied.
 
     Streams the blocks of the tile's range [min lo, max hi] over the rows that attend something;
     blocks inside every such row's range skip the per-row masks, and with ``KV_TMA`` (no attention
     mask) the tensor memory accelerator loads them whole from the K/V descriptors, whose row
-    ``desc_row`` is this group's key 0. Rows that attend nothing come back as (0, -inf, 0),
-    whatever the shared blocks held. Returns (acc, m, l), log2 domain.
+    ``desc_row`` is this group's key 0. With ``EDGE_TMA`` (the caller's promise that every key up
+    to max hi + BLOCK_N - 1 is a finite key of this group) the edge blocks come through the
+    descriptors too, per-row masks applied to their scores. Rows that attend nothing come back as
+    (0, -inf, 0), whatever the shared blocks held. Returns (acc, m, l), log2 domain.
     """
     present = row_hi >= row_lo
     tile_hi = tl.max(tl.where(present, row_hi, -1), axis=0)
@@ -60,25 +65,39 @@ def attend_rows(
     acc = tl.zeros((BLOCK_M, BLOCK_D), dtype=tl.float32)
     m = tl.full((BLOCK_M,), float("-inf"), tl.float32)
     l = tl.zeros((BLOCK_M,), dtype=tl.float32)
-    for i in range(first_inner):
-        acc, m, l = attend_block(
-            acc, m, l, q, K_ptr, V_ptr, kv_base, stride_kl, mask_ptr, mask_base, tile_lo + i * BLOCK_N,
-            tile_hi, row_lo, row_hi, offs_d, d_mask, qk_scale, BLOCK_N, True, HAS_MASK, UPCAST,
-        )
+    if EDGE_TMA:
+        for i in range(first_inner):
+            start = tile_lo + i * BLOCK_N
+            acc, m, l = attend_described_block(acc, m, l, q, k_desc, v_desc, desc_row + start, start, row_lo, row_hi,
+                                               qk_scale, BLOCK_N, True, UPCAST)
+    else:
+        for i in range(first_inner):
+            acc, m, l = attend_block(
+                acc, m, l, q, K_ptr, V_ptr, kv_base, stride_kl, mask_ptr, mask_base, tile_lo + i * BLOCK_N,
+                tile_hi, row_lo, row_hi, offs_d, d_mask, qk_scale, BLOCK_N, True, HAS_MASK, UPCAST,
+            )
     if KV_TMA:
         for i in range(first_inner, end_inner):
-            acc, m, l = attend_whole_block(acc, m, l, q, k_desc, v_desc, desc_row + tile_lo + i * BLOCK_N, qk_scale, UPCAST)
+            start = tile_lo + i * BLOCK_N
+            acc, m, l = attend_described_block(acc, m, l, q, k_desc, v_desc, desc_row + start, start, row_lo, row_hi,
+                                               qk_scale, BLOCK_N, False, UPCAST)
     else:
         for i in range(first_inner, end_inner):
             acc, m, l = attend_block(
                 acc, m, l, q, K_ptr, V_ptr, kv_base, stride_kl, mask_ptr, mask_base, tile_lo + i * BLOCK_N,
                 tile_hi, row_lo, row_hi, offs_d, d_mask, qk_scale, BLOCK_N, False, HAS_MASK, UPCAST,
             )
-    for i in range(end_inner, n_blocks):
-        acc, m, l = attend_block(
-            acc, m, l, q, K_ptr, V_ptr, kv_base, stride_kl, mask_ptr, mask_base, tile_lo + i * BLOCK_N,
-            tile_hi, row_lo, row_hi, offs_d, d_mask, qk_scale, BLOCK_N, True, HAS_MASK, UPCAST,
-        )
+    if EDGE_TMA:
+        for i in range(end_inner, n_blocks):
+            start = tile_lo + i * BLOCK_N
+            acc, m, l = attend_described_block(acc, m, l, q, k_desc, v_desc, desc_row + start, start, row_lo, row_hi,
+                                               qk_scale, BLOCK_N, True, UPCAST)
+    else:
+        for i in range(end_inner, n_blocks):
+            acc, m, l = attend_block(
+                acc, m, l, q, K_ptr, V_ptr, kv_base, stride_kl, mask_ptr, mask_base, tile_lo + i * BLOCK_N,
+                tile_hi, row_lo, row_hi, offs_d, d_mask, qk_scale, BLOCK_N, True, HAS_MASK, UPCAST,
+            )
     acc = tl.where(present[:, None], acc, 0.0)
     m = tl.where(present, m, float("-inf"))
     l = tl.where(present, l, 0.0)
@@ -110,7 +129,7 @@ def window_attention_kernel(
     acc, m, l = attend_rows(
         q, K_ptr, V_ptr, batch * stride_kb + (head // REP) * stride_kh, stride_kl, mask_ptr, batch * stride_mb,
         row_lo, row_hi, offs_d, d_mask, qk_scale, k_desc, v_desc, desc_row,
-        BLOCK_M, BLOCK_D, BLOCK_N, HAS_MASK, KV_TMA, UPCAST,
+        BLOCK_M, BLOCK_D, BLOCK_N, HAS_MASK, KV_TMA, False, UPCAST,
     )
     has_keys = (l > 0.0) | (l != l)  # noqa: PLR0124 - NaN must reach the output, not read as "no key"
     l_safe = tl.where(has_keys, l, 1.0)

@@ -1,0 +1,129 @@
+"""The public op at model M, an earlier commit's package against this tree's, side by side (GPU).
+
+Each side runs in its own process (a package cannot be imported twice in one), the sides
+interleaved over ``--rounds``; both read the shipped tuned file with staleness ignored, so that
+both run the same configurations (an edit re-hashes the kernels it touches, and their entries
+would otherwise fall back to the defaults on one side only). Per case: host time per call (20
+calls queued without a sync), the median of three do_bench medians, and whether the outputs (O,
+and training's gradients under one fixed output gradient) equal the other side's.
+
+    PYTHONPATH=.:scripts python3 scripts/commit_ab.py --base HEAD~1 --rounds 2
+
+The earlier package comes from ``git archive BASE superlinear_ops cache`` (the repository's git
+history is needed where it runs: ``--base-dir DIR`` takes an extracted tree instead).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import pathlib
+import subprocess
+import sys
+import tempfile
+import time
+
+CASES = {  # name: (queries, keys, training)
+    "prefill 8192 over 16384": (8192, 16384, False),
+    "prefill 8192 over 139264": (8192, 139264, False),
+    "prefill 32768 over 1048576": (32768, 1048576, False),
+    "training 4096": (4096, 4096, True),
+    "training 16384": (16384, 16384, True),
+}
+DEFAULT_CASES = ("prefill 8192 over 16384", "prefill 8192 over 139264", "training 4096")
+
+
+def measure(cases: list[str], out_dir: pathlib.Path, label: str) -> None:
+    """This process's side: time each case and save its outputs and timings under ``out_dir``."""
+    import torch
+    from layer_compare import public_call, warm_gpu  # this folder's model-M helpers
+    from prefill_compare import bench
+
+    import superlinear_ops
+    import superlinear_ops.cache.validity as validity
+
+    validity.why_stale = lambda entry: None  # the same tuned configurations on both sides
+    print(f"{label}: package {pathlib.Path(superlinear_ops.__file__).parent}", flush=True)
+    warm_gpu(1.0)
+    timings = {}
+    for name in cases:
+        queries, keys, training = CASES[name]
+        torch.manual_seed(0)
+        call, _ = public_call(queries, keys, training)
+        with torch.enable_grad() if training else torch.no_grad():
+            torch.save([t.cpu() for t in call()], out_dir / f"{label} {name}.pt")
+            for _ in range(3):
+                call()
+            torch.cuda.synchronize()
+            start = time.perf_counter()
+            for _ in range(20):
+                call()
+            host = (time.perf_counter() - start) / 20
+            torch.cuda.synchronize()
+            wall = sorted(bench(call) for _ in range(3))[1]
+        timings[name] = {"host_ms": 1e3 * host, "ms": wall}
+        print(f"{label}: {name}: {wall:.3f} ms, host {1e3 * host:.3f} ms per call", flush=True)
+    (out_dir / f"{label}.json").write_text(json.dumps(timings))
+
+
+def joined(runs: list[dict], key: str) -> str:
+    return " / ".join(f"{run[key]:.3f}" for run in runs)
+
+
+def compare(cases: list[str], out_dir: pathlib.Path, rounds: int) -> None:
+    """Medians and ratios of the sides' timings, and whether their outputs are equal."""
+    import torch
+
+    load = lambda label: json.loads((out_dir / f"{label}.json").read_text())  # noqa: E731
+    sides = {side: [load(f"{side}{r}") for r in range(rounds)] for side in ("base", "tree")}
+    for name in cases:
+        base, tree = ([run[name] for run in sides[side]] for side in ("base", "tree"))
+        ms = [sum(r["ms"] for r in runs) / rounds for runs in (base, tree)]
+        outputs = [torch.load(out_dir / f"{side}0 {name}.pt") for side in ("base", "tree")]
+        diffs = [(a.double() - b.double()).abs().max().item() for a, b in zip(*outputs)]
+        same = "identical" if not any(diffs) else "max |diff| " + ", ".join(f"{d:.3g}" for d in diffs)
+        print(f"{name}: base {joined(base, 'ms')} ms, this tree {joined(tree, 'ms')} ms, {ms[0] / ms[1]:.3f}x; "
+              f"host per call base {joined(base, 'host_ms')}, this tree {joined(tree, 'host_ms')} ms; outputs {same}")
+
+
+def extract(base: str, into: pathlib.Path) -> pathlib.Path:
+    """``git archive BASE`` of the package and its shipped caches, extracted under ``into``."""
+    archive = subprocess.run(["git", "archive", base, "superlinear_ops", "cache"], capture_output=True, check=True).stdout
+    subprocess.run(["tar", "-x", "-C", str(into)], input=archive, check=True)
+    return into
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--base", default="HEAD~1", help="the earlier commit (default: HEAD~1)")
+    parser.add_argument("--base-dir", help="an extracted earlier tree (superlinear_ops/ and cache/) instead of --base")
+    parser.add_argument("--rounds", type=int, default=2, help="processes per side, interleaved (default: 2)")
+    parser.add_argument("--cases", nargs="+", default=list(DEFAULT_CASES), choices=list(CASES), metavar="CASE",
+                        help=f"cases to run, of: {'; '.join(CASES)} (default: the first two prefill cases, training 4096)")
+    parser.add_argument("--side", help=argparse.SUPPRESS)  # internal: run one side in this process
+    parser.add_argument("--out-dir", help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.rounds < 1:
+        parser.error("--rounds must be at least 1")
+    if args.side:
+        measure(args.cases, pathlib.Path(args.out_dir), args.side)
+        return 0
+    with tempfile.TemporaryDirectory(prefix="commit_ab_") as tmp:
+        out_dir = pathlib.Path(tmp)
+        base_dir = pathlib.Path(args.base_dir) if args.base_dir else extract(args.base, out_dir / "base")
+        if not (base_dir / "superlinear_ops").is_dir():
+            parser.error(f"{base_dir} has no superlinear_ops/ folder")
+        here = pathlib.Path(__file__).resolve().parent
+        tree = here.parent
+        for r in range(args.rounds):
+            for side, package_root in (("base", base_dir), ("tree", tree)):
+                path = os.pathsep.join([str(package_root), str(here), os.environ.get("PYTHONPATH", "")])
+                subprocess.run([sys.executable, __file__, "--side", f"{side}{r}", "--out-dir", tmp, "--cases", *args.cases],
+                               env={**os.environ, "PYTHONPATH": path}, check=True)
+        compare(args.cases, out_dir, args.rounds)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
