@@ -1,11 +1,13 @@
 """The public op at model M, an earlier commit's package against this tree's, side by side (GPU).
 
 Each side runs in its own process (a package cannot be imported twice in one), the sides
-interleaved over ``--rounds``; both read the shipped tuned file with staleness ignored, so that
-both run the same configurations (an edit re-hashes the kernels it touches, and their entries
-would otherwise fall back to the defaults on one side only). Per case: host time per call (20
-calls queued without a sync), the median of three do_bench medians, and whether the outputs (O,
-and training's gradients under one fixed output gradient) equal the other side's.
+interleaved over ``--rounds``; both read the tuned file the environment finds (under an editable
+install, this tree's cache/ for both sides) with staleness ignored, so that both run the same
+configurations (an edit re-hashes the kernels it touches, and their entries would otherwise fall
+back to the defaults on one side only). Per case and process: host time per call (20 calls queued
+without a sync) and the median of three do_bench medians; per side, their mean over the rounds;
+and whether the first round's outputs (O, and training's gradients under one fixed output
+gradient) equal the other side's, NaN where NaN.
 
     PYTHONPATH=.:scripts python3 scripts/commit_ab.py --base HEAD~1 --rounds 2
 
@@ -81,8 +83,12 @@ def compare(cases: list[str], out_dir: pathlib.Path, rounds: int) -> None:
         base, tree = ([run[name] for run in sides[side]] for side in ("base", "tree"))
         ms = [sum(r["ms"] for r in runs) / rounds for runs in (base, tree)]
         outputs = [torch.load(out_dir / f"{side}0 {name}.pt") for side in ("base", "tree")]
-        diffs = [(a.double() - b.double()).abs().max().item() for a, b in zip(*outputs)]
-        same = "identical" if not any(diffs) else "max |diff| " + ", ".join(f"{d:.3g}" for d in diffs)
+        if len(outputs[0]) != len(outputs[1]):
+            same = f"of different counts ({len(outputs[0])} and {len(outputs[1])})"
+        elif all(torch.equal(a.isnan(), b.isnan()) and torch.equal(a.nan_to_num(), b.nan_to_num()) for a, b in zip(*outputs)):
+            same = "identical"
+        else:
+            same = "max |diff| " + ", ".join(f"{(a.double() - b.double()).abs().max().item():.3g}" for a, b in zip(*outputs))
         print(f"{name}: base {joined(base, 'ms')} ms, this tree {joined(tree, 'ms')} ms, {ms[0] / ms[1]:.3f}x; "
               f"host per call base {joined(base, 'host_ms')}, this tree {joined(tree, 'host_ms')} ms; outputs {same}")
 
@@ -90,6 +96,7 @@ def compare(cases: list[str], out_dir: pathlib.Path, rounds: int) -> None:
 def extract(base: str, into: pathlib.Path) -> pathlib.Path:
     """``git archive BASE`` of the package and its shipped caches, extracted under ``into``."""
     archive = subprocess.run(["git", "archive", base, "superlinear_ops", "cache"], capture_output=True, check=True).stdout
+    into.mkdir(parents=True, exist_ok=True)
     subprocess.run(["tar", "-x", "-C", str(into)], input=archive, check=True)
     return into
 

@@ -49,6 +49,7 @@ FWD = f"{VARIANTS} -k span_forward"
 LAUNCH = "superlinear_ops/kernels/launch.py"
 WTB = "superlinear_ops/kernels/window_tc_backward.py"
 API = "superlinear_ops/api.py"
+HAPI = "tests/test_hardening_api.py"
 SETTINGS = "superlinear_ops/settings.py"
 TORCH_OPS = "superlinear_ops/torch_ops.py"
 INPUTS = "tests/test_hardening_inputs.py"
@@ -152,6 +153,7 @@ PLANTS = {
     "span-tile plan: the position of the wrong query": (TILES, "pos_ptr + (triple // K_SPANS) % L_Q", "pos_ptr + triple % L_Q", f"{TCF_TESTS} -k plan_order"),
     "span-tile plan: empty spans not sorted last": (TILES, "key = tl.where(hi < lo, 0x7FFFFFFF, key).to(tl.int32)", "key = key.to(tl.int32)", f"{TCF_TESTS} -k plan_order"),
     "span-tile plan: bounds of the unsorted triples": (TILES, "triple = tl.load(order_ptr + group * N_TRIPLES + offs, mask=ok, other=0)", "triple = offs.to(tl.int64)", f"{TCF_TESTS} -k plan_order"),
+    "positions: int32 ones past the last key unclamped": (API, "    return cache_position.clamp(-1, key_length - 1)", "    return cache_position if cache_position.dtype == torch.int32 else cache_position.clamp(-1, key_length - 1)", f"{HAPI} -k int32_positions"),
     "span-tile plan: unused slots attend key 0": (TILES, "return tl.maximum(qstart, 0), tl.where(qend < 0, -1, hi)", "return tl.maximum(qstart, 0), tl.maximum(hi, 0)", f"{TCF_TESTS} -k plan_order"),
     "TMA: descriptors despite an attention mask": (WIN, "if geo.has_mask or not (", "if not (", f"{TCF_TESTS} -k descriptors"),
     "layer spans kernel: start not clamped at the first allowed key": (LSP, "qstart = tl.maximum(anchor - tl.load(back_ptr + distance, mask=live, other=0), first)", "qstart = anchor - tl.load(back_ptr + distance, mask=live, other=0)", SPANS),

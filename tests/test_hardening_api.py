@@ -105,6 +105,24 @@ def test_positions_beyond_int32_are_clamped_to_the_last_key(dtype) -> None:
     assert torch.isfinite(expected).all()
 
 
+
+def test_int32_positions_past_the_last_key_equal_int64_ones(monkeypatch) -> None:
+    """Positions past the last key mean Lkv - 1 in int32 as in int64: spans that reach into the
+    window of that last key are clamped before it (the span-tile plan reads the positions it is
+    given, so the public op clamps them, int32 included). The tensor-core forward runs here."""
+    from superlinear_ops.kernels import span_tc_forward
+
+    plans = []
+    real_plan = span_tc_forward.span_tile_plan
+    monkeypatch.setattr(span_tc_forward, "span_tile_plan", lambda *args: plans.append(args) or real_plan(*args))
+    q, k, v, qstart, _, _ = _span_inputs()
+    qend = torch.tensor([[[[20, 23]] * 3] * 2])  # ends inside the window of key 23 (W 3: keys 21..23)
+    expected = fused_span_attention_gqa(q, k, v, qstart, qend, torch.tensor([23, 23, 23]), sw_index=1)
+    for past in (torch.tensor([30, 40, 2**31 - 1], dtype=torch.int32), torch.tensor([30, 40, 2**31 - 1])):
+        out = fused_span_attention_gqa(q, k, v, qstart, qend, past, sw_index=1)
+        torch.testing.assert_close(out, expected, rtol=0, atol=0, msg=f"{past.dtype} positions past the last key")
+    assert len(plans) == 3, "the tensor-core forward (its span-tile plan) ran each call"
+
 # --- decode bad input ---------------------------------------------------------------------------
 
 

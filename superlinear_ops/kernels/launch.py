@@ -149,7 +149,9 @@ class LaunchGeometry:
     This is the one place where the integers the kernels read are made to fit int32, each change
     exact: W is clamped to Lkv (a window at least as long as the keys covers every earlier key),
     span bounds to [-1, Lkv] (a start past the keys is an empty span, an end below -1 an unused
-    slot) and positions to [-1, Lkv - 1] (SPEC: pos = min(cache_position, Lkv - 1)).
+    slot) and positions to [-1, Lkv - 1] (SPEC: pos = min(cache_position, Lkv - 1)); int32 span
+    bounds and positions are passed on as they are (the public ops clamp positions first:
+    ``api.clamped_positions``; every kernel but the span-tile plan clamps them again).
     """
 
     q: torch.Tensor

@@ -1,8 +1,8 @@
 """Launches that run beside the current CUDA stream: a fork onto a high-priority side stream and a
 join back.
 
-A chain of small latency-bound launches (the span-tile plan: a key kernel and a sort of a few
-kernels) waits behind every block of a large kernel queued before it on the same stream. Queued on a
+A chain of small latency-bound launches (the span-tile plan: a key kernel, a sort of a few kernels
+and a bounds kernel) waits behind every block of a large kernel queued before it on the same stream. Queued on a
 higher-priority stream instead, each of its kernels takes the next multiprocessor that the large
 kernel (the window part) frees, so the chain finishes while the large kernel runs. Fork and join are
 events on the streams, so CUDA-graph capture records them as graph edges.

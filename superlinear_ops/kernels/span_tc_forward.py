@@ -14,8 +14,9 @@
    +inf where no key is attended).
 
 No host synchronisation: grids and buffers depend on shapes only. Besides the outputs it allocates
-the window part (fp32, [B, Hq, Lq, D] + [B, Hq, Lq]) and the plan (an int64 order, its int32 sort
-keys and two int32 bounds, each [B * Hkv, Hq / Hkv * Lq * K]). Spans are clamped to end before
+the window part (fp32, [B, Hq, Lq, D] + [B, Hq, Lq]) and the plan (an int64 order, the sort keys
+and their sorted copy, int32 or past about 185K keys int64, and two int32 bounds, each
+[B * Hkv, Hq / Hkv * Lq * K]). Spans are clamped to end before
 their query's window (``hi <= pos - W``), so the two parts never share a key.
 """
 

@@ -24,7 +24,7 @@ import triton.language as tl
 
 from .launch import LaunchGeometry
 
-KEY_BLOCK = 1024  # triples per program of the key kernel
+KEY_BLOCK = 1024  # triples per program of the plan's two kernels
 
 
 @dataclass(frozen=True)
@@ -71,7 +71,9 @@ def clamped_span_bounds(geo: LaunchGeometry) -> tuple[torch.Tensor, torch.Tensor
 
 @triton.jit
 def triple_bounds(qstart_ptr, qend_ptr, pos_ptr, group, triple, ok, N_TRIPLES, L_Q, L_KV, WINDOW, K_SPANS: tl.constexpr):
-    """(lo, hi) (int64) of in-group triples ``triple`` of ``group``, as ``clamped_span_bounds``."""
+    """(lo, hi) (int64) of in-group triples ``triple`` of ``group``, as ``clamped_span_bounds`` for
+    positions in [-1, Lkv - 1] (the position is read as it is: the public ops clamp it,
+    ``api.clamped_positions``; ``LaunchGeometry.prepare`` clamps int64 positions only)."""
     slot = group * N_TRIPLES + triple
     qstart = tl.load(qstart_ptr + slot, mask=ok, other=-1).to(tl.int64)
     qend = tl.load(qend_ptr + slot, mask=ok, other=-1).to(tl.int64)

@@ -18,8 +18,8 @@ each span part. Keys outside the tile's range or masked out are loaded as 0, so 
 (NaN) cache entries never reach a dot; NaN in Q or in an attended key shows in the row. (A NaN
 value vector that one row of a tile attends also reaches the tile's other rows, as 0 * NaN in the
 shared dot: keys that some row attends are expected to be finite. With ``EDGE_TMA`` that extends
-to the keys past the tile's range up to the end of its last block: keys before the queries'
-windows, which a written cache holds.)
+to the keys past the tile's range up to the end of its last block: keys before the position of
+the query whose span ends last, which a written cache holds.)
 """
 
 from __future__ import annotations
