@@ -89,6 +89,38 @@ def public_call(lq, lkv, training):
     return call, positions
 
 
+def captured(call, warmups: int = 2):
+    """(graph, its static result): ``call`` captured in a CUDA graph after ``warmups`` runs on a side
+    stream (the first calls build the geometry tables and compile; a capture must not)."""
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        for _ in range(warmups):
+            call()
+    torch.cuda.current_stream().wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        static = call()
+    return graph, static
+
+
+def interleaved_ab(call, use, training: bool, rounds: int = 3) -> tuple[dict, dict]:
+    """``call`` with ``use(False)`` and with ``use(True)`` in one process: ({side: its outputs as
+    float tensors}, {side: its do_bench medians over ``rounds`` interleaved rounds})."""
+    grad_mode = torch.enable_grad if training else torch.no_grad
+    outputs, times = {}, {False: [], True: []}
+    for side in (False, True):
+        use(side)
+        with grad_mode():
+            outputs[side] = [t.float() for t in call()]
+    for _ in range(rounds):
+        for side in (False, True):
+            use(side)
+            with grad_mode():
+                times[side].append(bench(call))
+    return outputs, times
+
+
 def reference_layer(q1, q2, k, v, cp, mask, anchors):
     """The float64 layer on given anchors (the library's PyTorch composition), differentiable."""
     settings = SETTINGS.for_keys(k.shape[2])
@@ -136,14 +168,7 @@ def checks():
     q1, q2, k, v, cp, _ = inputs(8192, 139264, seed=2)
     static_cp = cp.clone()
     eager = superlinear_attention(q1, q2, k, v, static_cp, None, **ARGS)
-    stream = torch.cuda.Stream()
-    stream.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(stream):
-        superlinear_attention(q1, q2, k, v, static_cp, None, **ARGS)
-    torch.cuda.current_stream().wait_stream(stream)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        static_out = superlinear_attention(q1, q2, k, v, static_cp, None, **ARGS)
+    graph, static_out = captured(lambda: superlinear_attention(q1, q2, k, v, static_cp, None, **ARGS), warmups=1)
     graph.replay()
     same = torch.equal(static_out, eager)
     static_cp.copy_(cp - 50000)

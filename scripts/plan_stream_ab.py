@@ -16,7 +16,7 @@ import json
 import statistics
 
 import torch
-from layer_compare import public_call, warm_gpu  # this folder's model-M helpers
+from layer_compare import captured, interleaved_ab, public_call, warm_gpu  # this folder's model-M helpers
 from prefill_compare import bench, profile
 
 from superlinear_ops.kernels import side_stream, span_tc_forward
@@ -31,15 +31,7 @@ def use(side: bool) -> None:
 
 def graph_check(call, positions: torch.Tensor, eager: torch.Tensor) -> dict:
     """Replay of a captured call against eager, before and after moving the chunk 50,000 back."""
-    stream = torch.cuda.Stream()
-    stream.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(stream):
-        for _ in range(2):
-            call()
-    torch.cuda.current_stream().wait_stream(stream)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        static = call()[0]
+    graph, (static, *_) = captured(call)
     graph.replay()
     torch.cuda.synchronize()
     result = {"replay_vs_eager_max_abs": (static.float() - eager).abs().max().item()}
@@ -61,19 +53,9 @@ def main() -> None:
     for lq, lkv, training in CASES:
         name = f"{'training' if training else 'prefill'} {lq} over {lkv}"
         call, positions = public_call(lq, lkv, training)
-        grad_mode = torch.enable_grad if training else torch.no_grad
-        outputs, times = {}, {False: [], True: []}
-        for side in (False, True):
-            use(side)
-            with grad_mode():
-                outputs[side] = [t.float() for t in call()]
+        outputs, times = interleaved_ab(call, use, training)
         row = {"max_diff": max((a - b).abs().max().item() for a, b in zip(outputs[False], outputs[True])),
                "nan": any(torch.isnan(t).any().item() for t in outputs[True])}
-        for _ in range(3):
-            for side in (False, True):
-                use(side)
-                with grad_mode():
-                    times[side].append(bench(call))
         row.update(in_place_ms=statistics.median(times[False]), side_ms=statistics.median(times[True]), rounds=times)
         row["speedup"] = row["in_place_ms"] / row["side_ms"]
         use(True)

@@ -14,7 +14,7 @@ from __future__ import annotations
 import statistics
 
 import torch
-from layer_compare import HQ, SETTINGS, public_call, warm_gpu  # this folder's model-M helpers
+from layer_compare import HQ, SETTINGS, interleaved_ab, public_call, warm_gpu  # this folder's model-M helpers
 from prefill_compare import bench
 
 from superlinear_ops import torch_ops
@@ -45,18 +45,8 @@ def main() -> None:
     warm_gpu(1.0)
     for lq, lkv, training in CASES:
         call, positions = public_call(lq, lkv, training)
-        grad_mode = torch.enable_grad if training else torch.no_grad
-        outputs, times = {}, {False: [], True: []}
-        for kernel in (False, True):
-            use(kernel)
-            with grad_mode():
-                outputs[kernel] = [t.float() for t in call()]
+        outputs, times = interleaved_ab(call, use, training)
         equal = all(torch.equal(a, b) for a, b in zip(outputs[False], outputs[True]))
-        for _ in range(3):
-            for kernel in (False, True):
-                use(kernel)
-                with grad_mode():
-                    times[kernel].append(bench(call))
         ops, kernel = statistics.median(times[False]), statistics.median(times[True])
         row = (f"{'training' if training else 'prefill'} {lq} over {lkv}: tensor ops {ops:.3f} ms, kernel {kernel:.3f} ms, "
                f"{ops / kernel:.3f}x, outputs equal {equal}")
