@@ -30,7 +30,7 @@ FORCE_MODES = (None, "sdpa", "span")
 def clamped_positions(cache_position: torch.Tensor, key_length: int) -> torch.Tensor:
     """cache_position clamped to [-1, Lkv - 1] (the same attention, SPEC section 2), so that the
     kernels' int32 cast never wraps a position past int32 and every kernel reads the position it
-    attends from (int32 input too: the span-tile plan reads it unclamped)."""
+    attends from (int32 input too; the kernels clamp again)."""
     return cache_position.clamp(-1, key_length - 1)
 
 

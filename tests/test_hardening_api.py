@@ -13,6 +13,7 @@ from superlinear_ops import (
     fused_span_attention_gqa,
     geometry,
 )
+from superlinear_ops.api import clamped_positions
 from superlinear_ops.decode.tables import decode_tables
 from superlinear_ops.problem import STAGED_DECODE, Problem
 from superlinear_ops.reference import decode_reference
@@ -108,8 +109,8 @@ def test_positions_beyond_int32_are_clamped_to_the_last_key(dtype) -> None:
 
 def test_int32_positions_past_the_last_key_equal_int64_ones(monkeypatch) -> None:
     """Positions past the last key mean Lkv - 1 in int32 as in int64: spans that reach into the
-    window of that last key are clamped before it (the span-tile plan reads the positions it is
-    given, so the public op clamps them, int32 included). The tensor-core forward runs here."""
+    window of that last key are clamped before it (the public ops clamp positions, int32 included,
+    and the span-tile plan's kernels again). The tensor-core forward runs here."""
     from superlinear_ops.kernels import span_tc_forward
 
     plans = []
@@ -122,6 +123,8 @@ def test_int32_positions_past_the_last_key_equal_int64_ones(monkeypatch) -> None
         out = fused_span_attention_gqa(q, k, v, qstart, qend, past, sw_index=1)
         torch.testing.assert_close(out, expected, rtol=0, atol=0, msg=f"{past.dtype} positions past the last key")
     assert len(plans) == 3, "the tensor-core forward (its span-tile plan) ran each call"
+    clamped = clamped_positions(torch.tensor([30, 2**31 - 1, 5], dtype=torch.int32), 24)
+    assert clamped.dtype == torch.int32 and clamped.tolist() == [23, 23, 5], "the public ops clamp int32 positions"
 
 # --- decode bad input ---------------------------------------------------------------------------
 

@@ -289,6 +289,8 @@ def test_span_tile_plan_order(start_block: int, gen: torch.Generator):
     ties keep triple order (a stable sort)."""
     case = TileCase(torch.float32, 2, 4, 2, 30, 200, 16, 3, 4, None, False, 60, False)
     q, k, v, qstart, qend, cache_position, _ = make_inputs(case, gen)
+    cache_position[-3:] = torch.tensor([case.lkv, case.lkv + 3, case.lkv + 50])  # positions past the last key,
+    qstart[..., -3:, 0], qend[..., -3:, 0] = case.lkv - 100, case.lkv - 1  # whose spans must end before Lkv - 1 - W
     used = qend >= 0
     pos = cache_position.clamp(max=case.lkv - 1).view(1, 1, -1, 1)
     into_window = used & (torch.rand(qend.shape, generator=gen) < 0.3)
@@ -312,6 +314,13 @@ def test_span_tile_plan_order(start_block: int, gen: torch.Generator):
         tie = key[1:] == key[:-1]
         assert tie.any() and (order[1:n_full][tie] > order[: n_full - 1][tie]).all(), "ties keep triple order"
         assert (order[n_full + 1:] > order[n_full:-1]).all(), "the empty ones in triple order too"
+    # int32 positions reach the kernels unclamped (LaunchGeometry.prepare clamps int64 ones): those
+    # past the last key must read as Lkv - 1 there too, or a span would reach into the window.
+    int32_geo = LaunchGeometry.prepare(q, k, v, qstart, qend, cache_position.to(torch.int32), None, case.window)
+    assert (int32_geo.cache_position >= case.lkv).sum() >= 3, "int32 positions past the last key reach the plan"
+    int32_plan = span_tile_plan(int32_geo, start_block)
+    for name in ("order", "lo", "hi"):
+        assert torch.equal(getattr(int32_plan, name), getattr(plan, name)), f"int32 positions: the int64 plan's {name}"
     # Past about 185K keys the packed (start block, end) key needs int64: the same order.
     long_k = geo.k[:, :, :1].expand(-1, -1, 200_000, -1)
     long_geo = LaunchGeometry.prepare(geo.q, long_k, long_k, geo.qstart, geo.qend, geo.cache_position, None, geo.window)

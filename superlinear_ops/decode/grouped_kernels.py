@@ -32,7 +32,7 @@ import triton.language as tl
 from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
 from ..kernels.common import LOG2E, attend_block, tc_dot, window_bounds
-from ..kernels.launch import key_value_pair, unit_stride
+from ..kernels.launch import hopper_or_newer, key_value_pair, unit_stride
 from . import grouped_plan
 from .grouped_plan import WINDOW_CHUNK, launch_plan, pow2, span_chunk_length
 
@@ -332,12 +332,6 @@ def _multiprocessors(device: torch.device) -> int:
     return torch.cuda.get_device_properties(device).multi_processor_count if device.type == "cuda" else 1
 
 
-@functools.lru_cache(maxsize=None)
-def dependent_launch(device: torch.device) -> bool:
-    """Whether ``span_kernel`` is launched programmatically dependent on ``group_kernel`` (sm_90+)."""
-    return device.type == "cuda" and torch.cuda.get_device_capability(device)[0] >= 9
-
-
 def mask_operand(attention_mask: torch.Tensor) -> torch.Tensor:
     """The keep-mask as the kernels read it, never copied unless its columns are strided: a bool
     mask as its uint8 view (one byte per key), an integer mask in its own dtype (converting it would
@@ -372,7 +366,7 @@ def grouped_decode_attention(
     ``offsets`` are the stripe offsets, ``back_table``/``forward_table`` the span-length tables
     (forward None when the forward factor is 0); spans hold at most ``longest_span`` keys.
     ``chunk`` (keys per span program) and ``pdl`` (programmatic dependent launch) default to
-    ``span_chunk_length`` and ``dependent_launch``.
+    ``span_chunk_length`` and ``hopper_or_newer`` (sm_90+).
     """
     batch, hq, _, dim = q1.shape
     hkv, lkv = k.shape[1], k.shape[2]
@@ -398,7 +392,7 @@ def grouped_decode_attention(
     qk_scale = LOG2E / math.sqrt(dim)
     has_mask = attention_mask is not None
     upcast = device.type == "cpu" and q1.dtype == torch.bfloat16  # see _dot
-    pdl = dependent_launch(device) if pdl is None else pdl
+    pdl = hopper_or_newer(device) if pdl is None else pdl
     group_kernel[(plan.n_blocks + plan.n_wchunks + plan.slice_programs, hkv, batch)](
         q1, q2, k, v, offsets, decode_position, mask, cand_score, cand_stripe, win_acc, win_m, win_l, counter, first,
         q1.stride(0), q1.stride(1), q2.stride(0), q2.stride(1), *kv_strides,

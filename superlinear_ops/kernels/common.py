@@ -87,13 +87,16 @@ def tc_dot(a, b, UPCAST: tl.constexpr):
 
 
 @triton.jit
-def online_softmax_step(acc, m, l, s, v, UPCAST: tl.constexpr):
+def online_softmax_step(acc, m, l, s, v, qk_scale, UPCAST: tl.constexpr):
     """The running (unnormalised output ``acc``, log2 max ``m``, sum ``l``) of each row after one key
-    block: scores ``s`` [rows, keys] (log2 domain, -inf where not attended) and values ``v``."""
-    m_new = tl.maximum(m, tl.max(s, axis=1))
+    block: raw scores ``s`` [rows, keys] (q . k, -inf where not attended) and values ``v``.
+
+    The log2-domain score is s * qk_scale (qk_scale > 0, so the row maximum is taken before the
+    scaling): each probability costs one fused multiply-add and one exp2."""
+    m_new = tl.maximum(m, tl.max(s, axis=1) * qk_scale)
     m_ref = tl.where(m_new == float("-inf"), 0.0, m_new)
     alpha = tl.exp2(m - m_ref)
-    p = tl.exp2(s - m_ref[:, None])
+    p = tl.exp2(s * qk_scale - m_ref[:, None])
     l = l * alpha + tl.sum(p, axis=1)
     # On the GPU p is rounded to V's dtype for the tensor cores (unbiased, 2**-9 relative for bf16);
     # the interpreter's casts truncate (a 2**-9 bias), so there p stays fp32.
@@ -116,13 +119,13 @@ def attend_block(
     offs_n = start + tl.arange(0, BLOCK_N)
     k, v, key_ok = load_key_block(K_ptr, V_ptr, kv_base, stride_kl, mask_ptr, mask_base, offs_n, offs_n <= tile_hi,
                                   offs_d, d_mask, HAS_MASK)
-    s = tc_dot(q, tl.trans(k), UPCAST) * qk_scale
+    s = tc_dot(q, tl.trans(k), UPCAST)
     if ROW_MASK:
         in_rows = (offs_n[None, :] >= row_lo[:, None]) & (offs_n[None, :] <= row_hi[:, None])
         s = tl.where(in_rows & key_ok[None, :], s, float("-inf"))
     else:
         s = tl.where(key_ok[None, :], s, float("-inf"))
-    return online_softmax_step(acc, m, l, s, v, UPCAST)
+    return online_softmax_step(acc, m, l, s, v, qk_scale, UPCAST)
 
 
 @triton.jit
@@ -137,8 +140,8 @@ def attend_described_block(
     they are keys of the same group that hold finite values)."""
     k = k_desc.load([row, 0])
     v = v_desc.load([row, 0])
-    s = tc_dot(q, tl.trans(k), UPCAST) * qk_scale
+    s = tc_dot(q, tl.trans(k), UPCAST)
     if ROW_MASK:
         offs_n = start + tl.arange(0, BLOCK_N)
         s = tl.where((offs_n[None, :] >= row_lo[:, None]) & (offs_n[None, :] <= row_hi[:, None]), s, float("-inf"))
-    return online_softmax_step(acc, m, l, s, v, UPCAST)
+    return online_softmax_step(acc, m, l, s, v, qk_scale, UPCAST)

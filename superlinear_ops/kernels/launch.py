@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 
@@ -138,6 +139,13 @@ def check_kernel_extent(name: str, value: int) -> int:
     return value
 
 
+@functools.lru_cache(maxsize=None)
+def hopper_or_newer(device: torch.device) -> bool:
+    """Whether ``device`` is a CUDA GPU of compute capability 9.0 or newer (TMA descriptors,
+    programmatic dependent launch); asked once per device."""
+    return device.type == "cuda" and torch.cuda.get_device_capability(device)[0] >= 9
+
+
 @dataclass(frozen=True)
 class LaunchGeometry:
     """Span-attention inputs laid out the way the kernels read them.
@@ -151,7 +159,7 @@ class LaunchGeometry:
     span bounds to [-1, Lkv] (a start past the keys is an empty span, an end below -1 an unused
     slot) and positions to [-1, Lkv - 1] (SPEC: pos = min(cache_position, Lkv - 1)); int32 span
     bounds and positions are passed on as they are (the public ops clamp positions first:
-    ``api.clamped_positions``; every kernel but the span-tile plan clamps them again).
+    ``api.clamped_positions``; every kernel clamps them again).
     """
 
     q: torch.Tensor

@@ -71,13 +71,12 @@ def clamped_span_bounds(geo: LaunchGeometry) -> tuple[torch.Tensor, torch.Tensor
 
 @triton.jit
 def triple_bounds(qstart_ptr, qend_ptr, pos_ptr, group, triple, ok, N_TRIPLES, L_Q, L_KV, WINDOW, K_SPANS: tl.constexpr):
-    """(lo, hi) (int64) of in-group triples ``triple`` of ``group``, as ``clamped_span_bounds`` for
-    positions in [-1, Lkv - 1] (the position is read as it is: the public ops clamp it,
-    ``api.clamped_positions``; ``LaunchGeometry.prepare`` clamps int64 positions only)."""
+    """(lo, hi) (int64) of in-group triples ``triple`` of ``group``, as ``clamped_span_bounds``
+    (positions past the last key read as Lkv - 1, whatever their dtype)."""
     slot = group * N_TRIPLES + triple
     qstart = tl.load(qstart_ptr + slot, mask=ok, other=-1).to(tl.int64)
     qend = tl.load(qend_ptr + slot, mask=ok, other=-1).to(tl.int64)
-    pos = tl.load(pos_ptr + (triple // K_SPANS) % L_Q, mask=ok, other=-1).to(tl.int64)
+    pos = tl.minimum(tl.load(pos_ptr + (triple // K_SPANS) % L_Q, mask=ok, other=-1).to(tl.int64), L_KV - 1)
     hi = tl.minimum(qend, L_KV - 1)
     hi = tl.where(WINDOW > 0, tl.minimum(hi, pos - WINDOW), hi)
     return tl.maximum(qstart, 0), tl.where(qend < 0, -1, hi)

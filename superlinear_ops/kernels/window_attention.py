@@ -32,9 +32,29 @@ import triton
 import triton.language as tl
 
 from .common import LOG2E, attend_block, attend_described_block
-from .launch import LaunchGeometry
+from .launch import LaunchGeometry, hopper_or_newer
 
 NO_KEY = tl.constexpr(2**31 - 1)  # tile-range sentinel of a row that attends nothing
+
+
+@triton.jit
+def attend_blocks(
+    acc, m, l, first, end, q, K_ptr, V_ptr, kv_base, stride_kl, mask_ptr, mask_base, tile_lo, tile_hi,
+    row_lo, row_hi, offs_d, d_mask, qk_scale, k_desc, v_desc, desc_row,
+    BLOCK_N: tl.constexpr, ROW_MASK: tl.constexpr, HAS_MASK: tl.constexpr, TMA: tl.constexpr, UPCAST: tl.constexpr,
+):
+    """Online-softmax steps over blocks first..end-1 of the tile's range (block i starts at key
+    tile_lo + i * BLOCK_N): loaded whole from the descriptors with ``TMA``, else by pointer loads
+    (keys past ``tile_hi`` or masked out read as 0); per-row [lo, hi] masks with ``ROW_MASK``."""
+    for i in range(first, end):
+        start = tile_lo + i * BLOCK_N
+        if TMA:
+            acc, m, l = attend_described_block(acc, m, l, q, k_desc, v_desc, desc_row + start, start, row_lo, row_hi,
+                                               qk_scale, BLOCK_N, ROW_MASK, UPCAST)
+        else:
+            acc, m, l = attend_block(acc, m, l, q, K_ptr, V_ptr, kv_base, stride_kl, mask_ptr, mask_base, start, tile_hi,
+                                     row_lo, row_hi, offs_d, d_mask, qk_scale, BLOCK_N, ROW_MASK, HAS_MASK, UPCAST)
+    return acc, m, l
 
 
 @triton.jit
@@ -65,39 +85,18 @@ def attend_rows(
     acc = tl.zeros((BLOCK_M, BLOCK_D), dtype=tl.float32)
     m = tl.full((BLOCK_M,), float("-inf"), tl.float32)
     l = tl.zeros((BLOCK_M,), dtype=tl.float32)
-    if EDGE_TMA:
-        for i in range(first_inner):
-            start = tile_lo + i * BLOCK_N
-            acc, m, l = attend_described_block(acc, m, l, q, k_desc, v_desc, desc_row + start, start, row_lo, row_hi,
-                                               qk_scale, BLOCK_N, True, UPCAST)
-    else:
-        for i in range(first_inner):
-            acc, m, l = attend_block(
-                acc, m, l, q, K_ptr, V_ptr, kv_base, stride_kl, mask_ptr, mask_base, tile_lo + i * BLOCK_N,
-                tile_hi, row_lo, row_hi, offs_d, d_mask, qk_scale, BLOCK_N, True, HAS_MASK, UPCAST,
-            )
-    if KV_TMA:
-        for i in range(first_inner, end_inner):
-            start = tile_lo + i * BLOCK_N
-            acc, m, l = attend_described_block(acc, m, l, q, k_desc, v_desc, desc_row + start, start, row_lo, row_hi,
-                                               qk_scale, BLOCK_N, False, UPCAST)
-    else:
-        for i in range(first_inner, end_inner):
-            acc, m, l = attend_block(
-                acc, m, l, q, K_ptr, V_ptr, kv_base, stride_kl, mask_ptr, mask_base, tile_lo + i * BLOCK_N,
-                tile_hi, row_lo, row_hi, offs_d, d_mask, qk_scale, BLOCK_N, False, HAS_MASK, UPCAST,
-            )
-    if EDGE_TMA:
-        for i in range(end_inner, n_blocks):
-            start = tile_lo + i * BLOCK_N
-            acc, m, l = attend_described_block(acc, m, l, q, k_desc, v_desc, desc_row + start, start, row_lo, row_hi,
-                                               qk_scale, BLOCK_N, True, UPCAST)
-    else:
-        for i in range(end_inner, n_blocks):
-            acc, m, l = attend_block(
-                acc, m, l, q, K_ptr, V_ptr, kv_base, stride_kl, mask_ptr, mask_base, tile_lo + i * BLOCK_N,
-                tile_hi, row_lo, row_hi, offs_d, d_mask, qk_scale, BLOCK_N, True, HAS_MASK, UPCAST,
-            )
+    acc, m, l = attend_blocks(
+        acc, m, l, 0, first_inner, q, K_ptr, V_ptr, kv_base, stride_kl, mask_ptr, mask_base, tile_lo, tile_hi,
+        row_lo, row_hi, offs_d, d_mask, qk_scale, k_desc, v_desc, desc_row, BLOCK_N, True, HAS_MASK, EDGE_TMA, UPCAST,
+    )
+    acc, m, l = attend_blocks(
+        acc, m, l, first_inner, end_inner, q, K_ptr, V_ptr, kv_base, stride_kl, mask_ptr, mask_base, tile_lo, tile_hi,
+        row_lo, row_hi, offs_d, d_mask, qk_scale, k_desc, v_desc, desc_row, BLOCK_N, False, HAS_MASK, KV_TMA, UPCAST,
+    )
+    acc, m, l = attend_blocks(
+        acc, m, l, end_inner, n_blocks, q, K_ptr, V_ptr, kv_base, stride_kl, mask_ptr, mask_base, tile_lo, tile_hi,
+        row_lo, row_hi, offs_d, d_mask, qk_scale, k_desc, v_desc, desc_row, BLOCK_N, True, HAS_MASK, EDGE_TMA, UPCAST,
+    )
     acc = tl.where(present[:, None], acc, 0.0)
     m = tl.where(present, m, float("-inf"))
     l = tl.where(present, l, 0.0)
@@ -155,7 +154,7 @@ def key_value_descriptors(geo: LaunchGeometry, block_n: int) -> tuple[object, ob
     row = k.stride(2)
     evenly_spaced = (hkv == 1 or k.stride(1) == lkv * row) and (batch == 1 or k.stride(0) == hkv * lkv * row)
     aligned = (row * k.element_size()) % 16 == 0 and all(t.data_ptr() % 16 == 0 for t in (k, v))
-    gpu_ok = k.device.type == "cpu" or (k.device.type == "cuda" and torch.cuda.get_device_capability(k.device)[0] >= 9)
+    gpu_ok = k.device.type == "cpu" or hopper_or_newer(k.device)
     if geo.has_mask or not (evenly_spaced and aligned and gpu_ok) or batch * hkv * lkv > 2**31 - 1:
         return None
     from triton.tools.tensor_descriptor import TensorDescriptor
