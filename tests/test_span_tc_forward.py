@@ -290,7 +290,7 @@ def test_span_tile_plan_order(start_block: int, gen: torch.Generator):
     case = TileCase(torch.float32, 2, 4, 2, 30, 200, 16, 3, 4, None, False, 60, False)
     q, k, v, qstart, qend, cache_position, _ = make_inputs(case, gen)
     cache_position[-3:] = torch.tensor([case.lkv, case.lkv + 3, case.lkv + 50])  # positions past the last key,
-    qstart[..., -3:, 0], qend[..., -3:, 0] = case.lkv - 100, case.lkv - 1  # whose spans must end before Lkv - 1 - W
+    qstart[..., -3:, 0], qend[..., -3:, 0] = case.lkv - 100, case.lkv - 1  # whose spans must end by Lkv - 1 - W
     used = qend >= 0
     pos = cache_position.clamp(max=case.lkv - 1).view(1, 1, -1, 1)
     into_window = used & (torch.rand(qend.shape, generator=gen) < 0.3)

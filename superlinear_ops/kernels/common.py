@@ -2,7 +2,8 @@
 
 Validity is folded into loop bounds (an absent segment has hi < lo, so its loop runs zero times);
 masks combine block conditions only, which every Triton interpreter version accepts.
-Scores are kept in the log2 domain: s2 = (q . k) * sm_scale * log2(e).
+Running maxima and log-sum-exps are kept in the log2 domain: s2 = (q . k) * sm_scale * log2(e);
+the tensor-core blocks hand raw q . k scores to ``online_softmax_step``, which scales them.
 """
 
 from __future__ import annotations

@@ -159,7 +159,7 @@ class LaunchGeometry:
     span bounds to [-1, Lkv] (a start past the keys is an empty span, an end below -1 an unused
     slot) and positions to [-1, Lkv - 1] (SPEC: pos = min(cache_position, Lkv - 1)); int32 span
     bounds and positions are passed on as they are (the public ops clamp positions first:
-    ``api.clamped_positions``; every kernel clamps them again).
+    ``api.clamped_positions``; the kernels clamp them again, the window backward on the host).
     """
 
     q: torch.Tensor
