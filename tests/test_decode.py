@@ -102,6 +102,27 @@ def test_negative_decode_position_is_position_zero(variant, gen: torch.Generator
                                                          **api_kwargs(x), validate=True)
 
 
+@pytest.mark.parametrize("variant", TRITON_DECODE, ids=[v.name for v in TRITON_DECODE])
+def test_tied_search_scores_choose_the_nearest_stripes(variant, gen: torch.Generator) -> None:
+    """Four stripe keys equal (and the best for every head), one among the nearest 64 stripes and
+    three past them (another search block of the grouped kernels): the nearest three win, as the
+    oracle's stable sort over stripes nearest first decides (a kernel that keeps a farther one
+    attends another span)."""
+    case = DecodeCase("fp32", 2, mask="none", hkv=2, lkv=6000, pos=5990)
+    x = make_decode_inputs(case, gen)
+    t, window_start = case.pos + 1, case.pos - case.params.window + 1
+    locs = [t - o for o in oracle.stripe_offsets(case.lkv, case.sw_index, case.params.power) if 0 <= t - o < window_start]
+    assert len(locs) >= 70
+    direction = torch.randn(case.dim, generator=gen).abs()
+    x.q1.copy_(direction.expand_as(x.q1))
+    tied = [locs[1], locs[65], locs[67], locs[69]]  # the farthest must lose
+    x.k[:, :, tied] = 3 * direction
+    expected, traces = x.oracle()
+    assert all({a for _, a, _, _ in trace.chosen} == set(sorted(tied)[-3:]) for trace in traces.values())
+    got, _ = launch_variant(variant, x)
+    assert_close(got, expected, torch.float32, case.lkv, variant.name)
+
+
 @pytest.mark.parametrize("mask", ["holes", "static"])
 def test_grouped_first_allowed_key_over_several_mask_slices(mask: str, gen: torch.Generator, monkeypatch) -> None:
     """The grouped variant finds each row's first allowed key from per-slice minima (slices dealt

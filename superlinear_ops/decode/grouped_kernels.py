@@ -3,13 +3,15 @@
 1. ``group_kernel``, one program per (block, KV head, batch), two kinds of blocks:
    stripe blocks gather their stripe keys once and score them against the search queries of all
    ``rep`` query heads of the group in one dot (fp32 accumulation, unscaled; invalid stripes -inf),
-   then keep each head's local top-``TOPK`` (score, stripe) candidates;
+   then keep each head's local top-``TOPK`` (score, anchor position) candidates (the keys load
+   does not wait for the mask: a masked stripe's score is dropped after the dot);
    window blocks score ``WINDOW_CHUNK`` window keys against all ``rep`` attention queries of the
    group in one dot and write each head's partial softmax state.
 2. ``span_kernel``, one program per (chunk, span slot, head; batch): merges the candidates into the
-   head's global top-``TOPK`` (highest score first, lowest stripe first among ties), turns its
-   slot's anchor into the span [qstart, qend] with the exact span-length tables (SPEC section 3,
-   steps 1-3) and runs the online softmax over ``CHUNK`` keys of it (one query row padded to a
+   head's global top-``TOPK`` (highest score first, the nearest anchor, i.e. the lowest stripe,
+   first among ties), turns its slot's anchor into the span [qstart, qend] with the exact
+   span-length tables (SPEC section 3, steps 1-3; the tables and the query are read before the
+   wait for ``group_kernel``) and runs the online softmax over ``CHUNK`` keys of it (one query row padded to a
    16-row tile: both products are tensor-core dots whose K/V tiles Triton stages through shared
    memory). The head's last program to finish (an atomic counter) merges the window's partials
    once, each span's partials on top of them (O_j = softmax over span_j and the window, zeros when
@@ -38,7 +40,7 @@ from .grouped_plan import WINDOW_CHUNK, launch_plan, pow2, span_chunk_length
 
 __all__ = ["grouped_decode_attention", "mask_operand", "span_chunk_length"]
 
-NO_STRIPE = tl.constexpr(2**31 - 1)  # candidate stripe index that loses every tie
+NO_ANCHOR = tl.constexpr(-1)  # candidate anchor that loses every tie (ties go to the nearest anchor: the lowest stripe)
 MASK_SLICE = 4096  # mask entries per first-allowed-key program
 MIN_DOT = tl.constexpr(grouped_plan.MIN_DOT)  # smallest tl.dot extent
 
@@ -52,7 +54,7 @@ def _decode_position(cache_pos_ptr, LAST, L_KV):
 
 @triton.jit
 def _stripe_candidates(
-    Q1_ptr, K_ptr, offsets_ptr, mask_ptr, cand_score_ptr, cand_stripe_ptr, block, group, batch, pos,
+    Q1_ptr, K_ptr, offsets_ptr, mask_ptr, cand_score_ptr, cand_anchor_ptr, block, group, batch, pos,
     stride_qb, stride_qh, stride_kb, stride_kh, stride_kl, stride_mb, H_Q, REP, WINDOW, N_STRIPES, N_CANDIDATES,
     TOPK: tl.constexpr, BLOCK_S: tl.constexpr, REP_PAD: tl.constexpr, D_HEAD: tl.constexpr,
     BLOCK_D: tl.constexpr, HAS_MASK: tl.constexpr, UPCAST: tl.constexpr,
@@ -62,14 +64,15 @@ def _stripe_candidates(
     in_table = stripes < N_STRIPES
     loc = pos + 1 - tl.load(offsets_ptr + stripes, mask=in_table, other=0)
     valid = in_table & (loc >= 0) & (loc < window_start)
-    if HAS_MASK:
-        valid = valid & (tl.load(mask_ptr + batch * stride_mb + loc, mask=valid, other=0) != 0)
     offs_d = tl.arange(0, BLOCK_D)
     d_mask = offs_d < D_HEAD
+    # The keys load does not wait for the mask: a masked stripe's score (NaN too) is dropped below.
     keys = tl.load(
         K_ptr + batch * stride_kb + group * stride_kh + loc[:, None] * stride_kl + offs_d[None, :],
         mask=valid[:, None] & d_mask[None, :], other=0.0,
     )
+    if HAS_MASK:
+        valid = valid & (tl.load(mask_ptr + batch * stride_mb + loc, mask=valid, other=0) != 0)
     rows = tl.arange(0, REP_PAD)
     heads = group * REP + rows
     queries = tl.load(
@@ -81,31 +84,32 @@ def _stripe_candidates(
     scores = tl.where(scores != scores, float("inf"), scores)  # a NaN score wins and makes the gate NaN
 
     first = (batch * H_Q + heads) * N_CANDIDATES + block * TOPK
+    anchors = loc.to(tl.int32)  # distinct for the stripes in the table (the offsets increase)
     for j in tl.static_range(TOPK):
         best = tl.max(scores, axis=1)
-        pick = tl.min(tl.where(scores == best[:, None], stripes[None, :], NO_STRIPE), axis=1)
+        pick = tl.max(tl.where(scores == best[:, None], anchors[None, :], NO_ANCHOR), axis=1)
         tl.store(cand_score_ptr + first + j, best, mask=rows < REP)
-        tl.store(cand_stripe_ptr + first + j, pick, mask=rows < REP)
-        scores = tl.where(stripes[None, :] == pick[:, None], float("-inf"), scores)
+        tl.store(cand_anchor_ptr + first + j, pick, mask=rows < REP)
+        scores = tl.where(anchors[None, :] == pick[:, None], float("-inf"), scores)
 
 
 @triton.jit
-def _chosen_stripe(cand_score_ptr, cand_stripe_ptr, row, slot, N_CANDIDATES,
+def _chosen_anchor(cand_score_ptr, cand_anchor_ptr, row, slot, N_CANDIDATES,
                    TOPK: tl.constexpr, CAND_POW2: tl.constexpr):
-    """(score, stripe) of the head's ``slot``-th best candidate (score -inf: no stripe)."""
+    """(score, anchor) of the head's ``slot``-th best candidate (score -inf: no anchor)."""
     offs = tl.arange(0, CAND_POW2)
     live = offs < N_CANDIDATES
     scores = tl.load(cand_score_ptr + row * N_CANDIDATES + offs, mask=live, other=float("-inf"))
-    stripes = tl.load(cand_stripe_ptr + row * N_CANDIDATES + offs, mask=live, other=NO_STRIPE)
+    anchors = tl.load(cand_anchor_ptr + row * N_CANDIDATES + offs, mask=live, other=NO_ANCHOR)
     score = tl.full((), float("-inf"), tl.float32)
-    stripe = tl.full((), 0, tl.int32)
+    anchor = tl.full((), 0, tl.int32)
     for j in tl.static_range(TOPK):
         best = tl.max(scores, axis=0)
-        pick = tl.min(tl.where(scores == best, stripes, NO_STRIPE), axis=0)
+        pick = tl.max(tl.where(scores == best, anchors, NO_ANCHOR), axis=0)
         score = tl.where(slot == j, best, score)
-        stripe = tl.where(slot == j, pick, stripe)
-        scores = tl.where(stripes == pick, float("-inf"), scores)
-    return score, stripe
+        anchor = tl.where(slot == j, pick, anchor)
+        scores = tl.where(anchors == pick, float("-inf"), scores)
+    return score, anchor
 
 
 @triton.jit
@@ -156,7 +160,7 @@ def _window_chunk(
 
 @triton.jit
 def group_kernel(
-    Q1_ptr, Q2_ptr, K_ptr, V_ptr, offsets_ptr, cache_pos_ptr, mask_ptr, cand_score_ptr, cand_stripe_ptr,
+    Q1_ptr, Q2_ptr, K_ptr, V_ptr, offsets_ptr, cache_pos_ptr, mask_ptr, cand_score_ptr, cand_anchor_ptr,
     win_acc_ptr, win_m_ptr, win_l_ptr, counter_ptr, first_ptr,
     stride_q1b, stride_q1h, stride_q2b, stride_q2h, stride_kb, stride_kh, stride_kl, stride_mb,
     H_Q, L_KV, REP, WINDOW, LAST, N_STRIPES, N_BLOCKS, N_CANDIDATES, N_WCHUNKS, WCHUNK, N_SLICES, qk_scale,
@@ -177,7 +181,7 @@ def group_kernel(
     tl.store(counter_ptr + batch * H_Q + group * REP + rows, 0, mask=(rows < REP) & (rows * 0 + pid == 0))
     if pid < N_BLOCKS:
         _stripe_candidates(
-            Q1_ptr, K_ptr, offsets_ptr, mask_ptr, cand_score_ptr, cand_stripe_ptr, pid, group, batch, pos,
+            Q1_ptr, K_ptr, offsets_ptr, mask_ptr, cand_score_ptr, cand_anchor_ptr, pid, group, batch, pos,
             stride_q1b, stride_q1h, stride_kb, stride_kh, stride_kl, stride_mb, H_Q, REP, WINDOW, N_STRIPES,
             N_CANDIDATES, TOPK, BLOCK_S, REP_PAD, D_HEAD, BLOCK_D, HAS_MASK, UPCAST,
         )
@@ -203,7 +207,7 @@ def group_kernel(
 
 @triton.jit
 def span_kernel(
-    Q2_ptr, K_ptr, V_ptr, cand_score_ptr, cand_stripe_ptr, offsets_ptr, back_ptr, forward_ptr, first_ptr,
+    Q2_ptr, K_ptr, V_ptr, cand_score_ptr, cand_anchor_ptr, back_ptr, forward_ptr, first_ptr,
     cache_pos_ptr, mask_ptr, acc_ptr, m_ptr, l_ptr, chosen_ptr, win_acc_ptr, win_m_ptr, win_l_ptr, counter_ptr,
     Out_ptr, stride_qb, stride_qh, stride_kb, stride_kh, stride_kl, stride_mb,
     H_Q, L_KV, REP, WINDOW, LAST, N_CANDIDATES, N_CHUNKS, CHUNK, N_WCHUNKS, N_SLICES, qk_scale,
@@ -226,35 +230,37 @@ def span_kernel(
     head = (head_slot // TOPK).to(tl.int64)
     row = batch * H_Q + head
     pos = _decode_position(cache_pos_ptr, LAST, L_KV)
-    if PDL:
-        gdc_wait()
-    score, stripe = _chosen_stripe(cand_score_ptr, cand_stripe_ptr, row, slot, N_CANDIDATES, TOPK, CAND_POW2)
-    tl.store(chosen_ptr + row * TOPK + slot, score, mask=chunk == 0)
-
-    # The span of the chosen anchor (empty, hi < lo, when no stripe was chosen).
-    t = pos + 1
-    anchor = t - tl.load(offsets_ptr + tl.where(score > float("-inf"), stripe, 0))
-    lo = tl.maximum(anchor - tl.load(back_ptr + t), 0)
-    hi = anchor
-    if HAS_FORWARD:
-        if FIRST_FROM_MASK:  # the first allowed key: min over the slices (0 when none, as argmax)
-            slices = tl.arange(0, SLICES_POW2)
-            first = tl.min(tl.load(first_ptr + batch * N_SLICES + slices, mask=slices < N_SLICES, other=L_KV), axis=0)
-            distance = tl.maximum(t - tl.where(first == L_KV, 0, first), 0)
-        else:
-            distance = t
-        limit = tl.where(WINDOW > 0, pos - WINDOW, pos)
-        hi = tl.minimum(anchor + tl.load(forward_ptr + distance), limit)
-    hi = tl.where(score > float("-inf"), hi, -1)
-    lo = lo + chunk * CHUNK
-    hi = tl.minimum(hi, lo + CHUNK - 1)
-
+    # Reads of what group_kernel does not write go before the wait: the query and the span tables.
     # The head's query is row 0 of a MIN_DOT-row tile (the other rows are zeros, never stored).
     rows = tl.arange(0, MIN_DOT)
     offs_d = tl.arange(0, BLOCK_D)
     d_mask = offs_d < D_HEAD
     q = tl.load(Q2_ptr + batch * stride_qb + head * stride_qh + rows[:, None] * 0 + offs_d[None, :],
                 mask=(rows[:, None] == 0) & d_mask[None, :], other=0.0)
+    t = pos + 1
+    back = tl.load(back_ptr + t)
+    forward = back * 0  # the forward table's entry where it counts (below, after the wait, under a mask)
+    if HAS_FORWARD:
+        if not FIRST_FROM_MASK:
+            forward = tl.load(forward_ptr + t)
+    if PDL:
+        gdc_wait()
+    score, anchor = _chosen_anchor(cand_score_ptr, cand_anchor_ptr, row, slot, N_CANDIDATES, TOPK, CAND_POW2)
+    tl.store(chosen_ptr + row * TOPK + slot, score, mask=chunk == 0)
+
+    # The span of the chosen anchor (empty, hi < lo, when no stripe was chosen).
+    lo = tl.maximum(anchor - back, 0)
+    hi = anchor
+    if HAS_FORWARD:
+        if FIRST_FROM_MASK:  # the first allowed key: min over the slices (0 when none, as argmax)
+            slices = tl.arange(0, SLICES_POW2)
+            first = tl.min(tl.load(first_ptr + batch * N_SLICES + slices, mask=slices < N_SLICES, other=L_KV), axis=0)
+            forward = tl.load(forward_ptr + tl.maximum(t - tl.where(first == L_KV, 0, first), 0))
+        limit = tl.where(WINDOW > 0, pos - WINDOW, pos)
+        hi = tl.minimum(anchor + forward, limit)
+    hi = tl.where(score > float("-inf"), hi, -1)
+    lo = lo + chunk * CHUNK
+    hi = tl.minimum(hi, lo + CHUNK - 1)
     acc, m, l = _attend(q, K_ptr, V_ptr, batch * stride_kb + (head // REP) * stride_kh, stride_kl, mask_ptr,
                         batch * stride_mb, lo.to(tl.int32), hi.to(tl.int32), offs_d, d_mask, qk_scale,
                         BLOCK_K, HAS_MASK, UPCAST)
@@ -384,7 +390,7 @@ def grouped_decode_attention(
     work = torch.empty(sum(plan.work_sizes), dtype=torch.float32, device=device)
     span_acc, span_m, span_l, win_acc, win_m, win_l, chosen, cand_score = work.split_with_sizes(plan.work_sizes)
     counts = torch.empty(sum(plan.count_sizes), dtype=torch.int32, device=device)
-    cand_stripe, counter, first = counts.split_with_sizes(plan.count_sizes)
+    cand_anchor, counter, first = counts.split_with_sizes(plan.count_sizes)
     out = torch.empty(batch, hq, 1, dim, dtype=q2.dtype, device=device)
 
     last = decode_position.numel() - 1
@@ -394,7 +400,7 @@ def grouped_decode_attention(
     upcast = device.type == "cpu" and q1.dtype == torch.bfloat16  # see _dot
     pdl = hopper_or_newer(device) if pdl is None else pdl
     group_kernel[(plan.n_blocks + plan.n_wchunks + plan.slice_programs, hkv, batch)](
-        q1, q2, k, v, offsets, decode_position, mask, cand_score, cand_stripe, win_acc, win_m, win_l, counter, first,
+        q1, q2, k, v, offsets, decode_position, mask, cand_score, cand_anchor, win_acc, win_m, win_l, counter, first,
         q1.stride(0), q1.stride(1), q2.stride(0), q2.stride(1), *kv_strides,
         hq, lkv, plan.rep, window, last, offsets.numel(), plan.n_blocks, plan.n_candidates, plan.n_wchunks,
         WINDOW_CHUNK, plan.n_slices, qk_scale,
@@ -402,7 +408,7 @@ def grouped_decode_attention(
         SLICE=MASK_SLICE, HAS_MASK=has_mask, UPCAST=upcast, PDL=pdl, num_warps=4,
     )
     span_kernel[(hq * topk * plan.n_chunks, batch)](
-        q2, k, v, cand_score, cand_stripe, offsets, back_table, forward_table if has_forward else back_table, first,
+        q2, k, v, cand_score, cand_anchor, back_table, forward_table if has_forward else back_table, first,
         decode_position, mask, span_acc, span_m, span_l, chosen, win_acc, win_m, win_l, counter, out,
         q2.stride(0), q2.stride(1), *kv_strides,
         hq, lkv, plan.rep, window, last, plan.n_candidates, plan.n_chunks, plan.chunk, plan.n_wchunks,

@@ -56,7 +56,8 @@ def staged_decode(
     scores = scores.reshape(batch, hq, offsets.numel()).masked_fill(~valid[:, None, :], float("-inf"))
     scores = scores.nan_to_num(nan=float("inf"), posinf=float("inf"), neginf=float("-inf"))  # NaN wins, gate NaN
     found = min(topk, scores.shape[-1])
-    top_scores, top_index = torch.topk(scores, found, dim=-1)
+    # a stable sort, not torch.topk: among equal scores the nearest stripe (the lowest index) wins
+    top_scores, top_index = (t[..., :found] for t in torch.sort(scores, dim=-1, descending=True, stable=True))
     if found < topk:
         pad = (0, topk - found)
         top_scores = torch.nn.functional.pad(top_scores, pad, value=float("-inf"))
