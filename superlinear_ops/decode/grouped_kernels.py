@@ -13,7 +13,8 @@
    span-length tables (SPEC section 3, steps 1-3; the tables and the query are read before the
    wait for ``group_kernel``) and runs the online softmax over ``CHUNK`` keys of it (one query row padded to a
    16-row tile: both products are tensor-core dots whose K/V tiles Triton stages through shared
-   memory). The head's last program to finish (an atomic counter) merges the window's partials
+   memory; under a mask, a chunk whose keys the mask all allows, as one read of the chunk's mask
+   finds, runs the loop without reading the mask). The head's last program to finish (an atomic counter) merges the window's partials
    once, each span's partials on top of them (O_j = softmax over span_j and the window, zeros when
    empty) and writes the gate-weighted sum of the O_j (steps 4-5) in Q's dtype.
 
@@ -211,7 +212,7 @@ def span_kernel(
     cache_pos_ptr, mask_ptr, acc_ptr, m_ptr, l_ptr, chosen_ptr, win_acc_ptr, win_m_ptr, win_l_ptr, counter_ptr,
     Out_ptr, stride_qb, stride_qh, stride_kb, stride_kh, stride_kl, stride_mb,
     H_Q, L_KV, REP, WINDOW, LAST, N_CANDIDATES, N_CHUNKS, CHUNK, N_WCHUNKS, N_SLICES, qk_scale,
-    TOPK: tl.constexpr, TOPK_POW2: tl.constexpr, CAND_POW2: tl.constexpr, CHUNKS_POW2: tl.constexpr,
+    CHUNK_KEYS: tl.constexpr, TOPK: tl.constexpr, TOPK_POW2: tl.constexpr, CAND_POW2: tl.constexpr, CHUNKS_POW2: tl.constexpr,
     SLICES_POW2: tl.constexpr,
     WCHUNKS_POW2: tl.constexpr, D_HEAD: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_K: tl.constexpr,
     HAS_MASK: tl.constexpr, HAS_FORWARD: tl.constexpr, FIRST_FROM_MASK: tl.constexpr, UPCAST: tl.constexpr,
@@ -259,11 +260,20 @@ def span_kernel(
         limit = tl.where(WINDOW > 0, pos - WINDOW, pos)
         hi = tl.minimum(anchor + forward, limit)
     hi = tl.where(score > float("-inf"), hi, -1)
-    lo = lo + chunk * CHUNK
-    hi = tl.minimum(hi, lo + CHUNK - 1)
-    acc, m, l = _attend(q, K_ptr, V_ptr, batch * stride_kb + (head // REP) * stride_kh, stride_kl, mask_ptr,
-                        batch * stride_mb, lo.to(tl.int32), hi.to(tl.int32), offs_d, d_mask, qk_scale,
-                        BLOCK_K, HAS_MASK, UPCAST)
+    lo = (lo + chunk * CHUNK).to(tl.int32)
+    hi = tl.minimum(hi, lo + CHUNK - 1).to(tl.int32)
+    kv_base = batch * stride_kb + (head // REP) * stride_kh
+    masked = HAS_MASK
+    if HAS_MASK:  # one read of the chunk's mask: where it allows every key, the loop reads no mask
+        keys = lo + tl.arange(0, CHUNK_KEYS)
+        hidden = tl.load(mask_ptr + batch * stride_mb + keys, mask=keys <= hi, other=1) == 0
+        masked = tl.max(hidden.to(tl.int32), axis=0) > 0
+    if masked:
+        acc, m, l = _attend(q, K_ptr, V_ptr, kv_base, stride_kl, mask_ptr, batch * stride_mb, lo, hi, offs_d, d_mask,
+                            qk_scale, BLOCK_K, HAS_MASK, UPCAST)
+    else:
+        acc, m, l = _attend(q, K_ptr, V_ptr, kv_base, stride_kl, mask_ptr, batch * stride_mb, lo, hi, offs_d, d_mask,
+                            qk_scale, BLOCK_K, False, UPCAST)
     part = batch * H_Q * TOPK * N_CHUNKS + pid + rows * 0
     first_row = rows == 0
     tl.store(acc_ptr + part[:, None] * D_HEAD + offs_d[None, :], acc, mask=first_row[:, None] & d_mask[None, :])
@@ -413,8 +423,8 @@ def grouped_decode_attention(
         q2.stride(0), q2.stride(1), *kv_strides,
         hq, lkv, plan.rep, window, last, plan.n_candidates, plan.n_chunks, plan.chunk, plan.n_wchunks,
         plan.n_slices, qk_scale,
-        TOPK=topk, TOPK_POW2=pow2(topk), CAND_POW2=pow2(plan.n_candidates), SLICES_POW2=pow2(plan.n_slices),
-        CHUNKS_POW2=pow2(plan.n_chunks), WCHUNKS_POW2=pow2(plan.n_wchunks),
+        CHUNK_KEYS=pow2(plan.chunk), TOPK=topk, TOPK_POW2=pow2(topk), CAND_POW2=pow2(plan.n_candidates),
+        SLICES_POW2=pow2(plan.n_slices), CHUNKS_POW2=pow2(plan.n_chunks), WCHUNKS_POW2=pow2(plan.n_wchunks),
         D_HEAD=dim, BLOCK_D=plan.block_d, BLOCK_K=block_k, HAS_MASK=has_mask, HAS_FORWARD=has_forward,
         FIRST_FROM_MASK=first_from_mask, UPCAST=upcast, PDL=pdl, num_warps=num_warps, num_stages=num_stages,
         launch_pdl=pdl,
