@@ -8,15 +8,16 @@
    window blocks score ``WINDOW_CHUNK`` window keys against all ``rep`` attention queries of the
    group in one dot and write each head's partial softmax state.
 2. ``span_kernel``, one program per (chunk, span slot, head; batch): merges the candidates into the
-   head's global top-``TOPK`` (highest score first, the nearest anchor, i.e. the lowest stripe,
-   first among ties), turns its slot's anchor into the span [qstart, qend] with the exact
-   span-length tables (SPEC section 3, steps 1-3; the tables and the query are read before the
-   wait for ``group_kernel``) and runs the online softmax over ``CHUNK`` keys of it (one query row padded to a
-   16-row tile: both products are tensor-core dots whose K/V tiles Triton stages through shared
-   memory; under a mask, a chunk whose keys the mask all allows, as one read of the chunk's mask
-   finds, runs the loop without reading the mask). The head's last program to finish (an atomic counter) merges the window's partials
-   once, each span's partials on top of them (O_j = softmax over span_j and the window, zeros when
-   empty) and writes the gate-weighted sum of the O_j (steps 4-5) in Q's dtype.
+   head's global top-``TOPK`` (highest score first; among ties the nearest anchor, i.e. the lowest
+   stripe), turns its slot's anchor into the span [qstart, qend] with the exact span-length tables
+   (SPEC section 3, steps 1-3; the tables and the query are read before the wait for
+   ``group_kernel``) and runs the online softmax over ``CHUNK`` keys of it (one query row padded to
+   a 16-row tile: both products are tensor-core dots whose K/V tiles Triton stages through shared
+   memory). Under a mask it first reads the chunk's mask once: a chunk whose keys the mask all
+   allows runs the loop without reading it again. The head's last program to finish (an atomic
+   counter) merges the window's partials once, each span's partials on top of them (O_j = softmax
+   over span_j and the window, zeros when empty) and writes the gate-weighted sum of the O_j
+   (steps 4-5) in Q's dtype.
 
 Partial softmax states are (weighted values, max, sum) in the log2 domain. The short prefix
 (t <= W) needs no branch: no stripe precedes the window, every span is empty and the uniform gate
