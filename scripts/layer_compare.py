@@ -145,8 +145,8 @@ def check_case(name, lq, lkv, front):
     got = torch.autograd.grad(out, (q1, q2, k, v), grad)
     settings = SETTINGS.for_keys(lkv)
     with torch.no_grad():
-        ours = torch_ops.layer_search(q1, k, cp, mask, SW_INDEX, TOPK, BF, FF, SPAN_POWER, POWER, None)
-    exact = search_reference(q1.detach().double(), k.detach().double(), cp, mask, settings, KernelConfig())
+        ours = torch_ops.layer_search(q1, k, cp, mask, SW_INDEX, TOPK, BF, FF, SPAN_POWER, POWER, None)[0]
+    exact = search_reference(q1.detach().double(), k.detach().double(), cp, mask, settings, KernelConfig()).anchors
     differ = rows_with_other_anchor_sets(ours, exact)
     x64 = [t.detach().double().requires_grad_(True) for t in (q1, q2, k, v)]
     ref = reference_layer(*x64, cp, mask, ours)
@@ -184,13 +184,13 @@ def checks():
 def sweep_shape(lq, lkv):
     q1, _, k, _, cp, _ = inputs(lq, lkv, seed=3)
     settings = SETTINGS.for_keys(lkv)
-    base = tiled_search(q1, k, cp, None, settings, search_default(HQ // HKV, D)).sort(-1).values
+    base = tiled_search(q1, k, cp, None, settings, search_default(HQ // HKV, D)).anchors.sort(-1).values
     rows = []
     for name, (launch, configs) in SWEEP.items():
         for config in configs:
             row = {"variant": name, "config": dict(config)}
             try:
-                same = (launch(q1, k, cp, None, settings, config).sort(-1).values == base).all(-1).double().mean().item()
+                same = (launch(q1, k, cp, None, settings, config).anchors.sort(-1).values == base).all(-1).double().mean().item()
                 row.update(ms=bench(lambda: launch(q1, k, cp, None, settings, config), rep=50), rows_equal_tiled_default=same)
             except Exception as exc:  # noqa: BLE001
                 row["error"] = f"{type(exc).__name__}: {exc}"[:200]
@@ -274,7 +274,7 @@ def target_case(name, lq, lkv, training, original):
 
     row = {"ours_ms": bench(ours)}
     with torch.no_grad():
-        anchors = torch_ops.layer_search(q1, k, cp, None, SW_INDEX, TOPK, BF, FF, SPAN_POWER, POWER, None)
+        anchors = torch_ops.layer_search(q1, k, cp, None, SW_INDEX, TOPK, BF, FF, SPAN_POWER, POWER, None)[0]
     row["search_ms"] = bench(lambda: torch_ops.layer_search(q1, k, cp, None, SW_INDEX, TOPK, BF, FF, SPAN_POWER, POWER, None))
     row["bound"] = lower_bound(lq, lkv, training, anchors, cp)
     row.update(dense_times(q2, k, v, training, grad))

@@ -51,8 +51,9 @@ def superlinear_attention(
         raise ValueError("cache_position must be >= 0")
     if Q2.numel() == 0:
         return empty_result(Q2.shape, Q2, Q1, Q2, K, V)
-    positions = clamped_positions(cache_position, K.shape[2])
-    anchors = torch_ops.run(torch_ops.layer_search, Q1, K, positions, attention_mask, *settings.op_arguments())
+    # int32, the kernels' index type, once: every kernel and table below takes it as it is
+    positions = clamped_positions(cache_position, K.shape[2]).to(torch.int32)
+    anchors, scores = torch_ops.run(torch_ops.layer_search, Q1, K, positions, attention_mask, *settings.op_arguments())
     power = settings.params.arguments
 
     def span_attention(qstart: torch.Tensor, qend: torch.Tensor) -> torch.Tensor:
@@ -61,7 +62,8 @@ def superlinear_attention(
             power["inv_search_power_int"], 0,
         )[0]
 
-    return attention_layer(Q1, K, anchors, positions, attention_mask, settings, span_attention, Q2.dtype)
+    return attention_layer(Q1, K, anchors, positions, attention_mask, settings, span_attention, Q2.dtype,
+                           search_scores=scores)
 
 
 def _slots(num_spans: int, topk: int | None) -> int:

@@ -19,6 +19,7 @@ from torch import Tensor
 from . import dispatch, geometry
 from .kernels.launch import LaunchGeometry
 from .layer.attention import anchor_spans, gate_backward, gate_forward, gate_scores_backward, gate_scores_forward
+from .layer.search import padded
 from .problem import SPAN_BACKWARD, SPAN_FORWARD, STAGED_DECODE, Problem
 from .registry import REGISTRY
 from .settings import SpanSettings
@@ -214,24 +215,23 @@ def layer_search(
     span_power: float,
     search_power: float | None,
     inv_search_power_int: int | None,
-) -> Tensor:
-    """The whole layer's anchors [B, Hq, Lq, topk] (int64, -1: empty slot) by the dispatcher's search
-    variant (searched for at most as many slots as there are stripes; the rest stay empty)."""
+) -> tuple[Tensor, Tensor]:
+    """The whole layer's anchors [B, Hq, Lq, topk] (int64, -1: empty slot) and their scores (the
+    forward's gate scores, ``layer.search.Found``) by the dispatcher's search variant (searched for
+    at most as many slots as there are stripes; the rest stay empty)."""
     settings = SpanSettings.from_op_arguments(sw_index, topk, backward_factor, forward_factor, span_power, search_power,
                                               inv_search_power_int)
     factors = (backward_factor, forward_factor, span_power)
     problem = Problem.for_layer(q1, k, topk, attention_mask is not None, sw_index, settings.params.label, factors)
     choice = dispatch.select(problem)
     settings = settings.for_keys(k.shape[2])
-    anchors = choice.variant.launch(q1, k, cache_position, attention_mask, settings, choice.config)
-    if settings.topk == topk:  # no slot beyond the stripes: no padded copy
-        return anchors
-    return torch.nn.functional.pad(anchors, (0, topk - settings.topk), value=-1)
+    return tuple(padded(choice.variant.launch(q1, k, cache_position, attention_mask, settings, choice.config), topk))
 
 
 @layer_search.register_fake
 def _layer_search_fake(q1, k, cache_position, attention_mask, sw_index, topk, *args):
-    return q1.new_empty(*q1.shape[:3], topk, dtype=torch.int64)
+    dtype = torch.float64 if q1.dtype == torch.float64 else torch.float32
+    return q1.new_empty(*q1.shape[:3], topk, dtype=torch.int64), q1.new_empty(*q1.shape[:3], topk, dtype=dtype)
 
 
 @_custom_op("layer_spans")
@@ -247,7 +247,7 @@ def layer_spans(
     search_power: float | None,
     inv_search_power_int: int | None,
 ) -> tuple[Tensor, Tensor]:
-    """(qstart, qend) [B, Hq, Lq, topk] of the layer's anchors (-1 where the anchor is -1)."""
+    """(qstart, qend) [B, Hq, Lq, topk] int32 of the layer's anchors (-1 where the anchor is -1)."""
     settings = SpanSettings.from_op_arguments(sw_index, anchors.shape[-1], backward_factor, forward_factor, span_power,
                                               search_power, inv_search_power_int)
     return anchor_spans(anchors, cache_position, key_length, attention_mask, settings)
@@ -255,7 +255,7 @@ def layer_spans(
 
 @layer_spans.register_fake
 def _layer_spans_fake(anchors, *args):
-    return torch.empty_like(anchors), torch.empty_like(anchors)
+    return torch.empty_like(anchors, dtype=torch.int32), torch.empty_like(anchors, dtype=torch.int32)
 
 
 @_custom_op("layer_gate")

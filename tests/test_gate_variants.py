@@ -347,8 +347,9 @@ def layer_problem() -> Problem:
 
 
 def test_explicit_gate_choices_run_as_given(launches: Launches) -> None:
-    """The layer's candidate run (``attention_layer(..., gates=...)``) runs the gate parts it is given,
-    not the dispatcher's: the reference launches no gate kernel, the Triton variant its configuration."""
+    """The layer's candidate run (``attention_layer(..., gates=...)``) runs the gate it is given, not
+    the dispatcher's: the reference launches no gate kernel, the Triton variant its configuration.
+    Its gate scores are the search's (a forward: no gate-score kernel runs, whatever the choice)."""
     problem = layer_problem()
     x = runner.make_inputs(Case("layer", problem, problem.factors), CPU, seed=0)
     variant = REGISTRY.get("attention_layer", "reference")
@@ -359,13 +360,13 @@ def test_explicit_gate_choices_run_as_given(launches: Launches) -> None:
         return runner.run(variant, KernelConfig(), problem, x, parts)[0]
 
     dispatched = layer({})
-    assert {(name, kw["BLOCK_R"]) for name, _, kw in launches.of("gate_")} == {("gate_scores_kernel", 16), ("gate_forward_kernel", 16)}
+    assert {(name, kw["BLOCK_R"]) for name, _, kw in launches.of("gate_")} == {("gate_forward_kernel", 16)}
     torch.testing.assert_close(layer({"gate_scores": ("reference", {}), "gate": ("reference", {})}), dispatched)
     assert not launches.of("gate_"), "the reference gate launches no kernel"
     tiles = {"block_r": 8, "num_warps": 2}
     torch.testing.assert_close(layer({"gate_scores": (TRITON, tiles), "gate": (TRITON, tiles)}), dispatched)
     assert {(name, kw["BLOCK_R"], kw["num_warps"]) for name, _, kw in launches.of("gate_")} == {
-        ("gate_scores_kernel", 8, 2), ("gate_forward_kernel", 8, 2)}
+        ("gate_forward_kernel", 8, 2)}
 
 
 def test_the_layer_parts_are_the_keys_its_calls_look_up(gen: torch.Generator) -> None:
@@ -390,7 +391,7 @@ def test_the_layer_parts_are_the_keys_its_calls_look_up(gen: torch.Generator) ->
 def test_the_layer_reference_run_is_pytorch_in_float64(launches: Launches) -> None:
     """``runner.reference_outputs`` of the layer gives every part (search, spans, gate scores, gate)
     its reference: no Triton kernel runs, and the result is float64; a candidate run launches the
-    Triton gate kernels of its parts."""
+    Triton gate kernel of its parts and takes its gate scores from the search (no gate-score kernel)."""
     problem = layer_problem()
     case = Case("layer", problem, problem.factors)
     x = runner.make_inputs(case, CPU, seed=0)
@@ -402,7 +403,8 @@ def test_the_layer_reference_run_is_pytorch_in_float64(launches: Launches) -> No
     assert parts["gate_scores"][0].name == TRITON and parts["gate"][0].name == TRITON
     variant = REGISTRY.fallback(problem)
     (got,) = runner.run(variant, variant.default(problem), problem, x, parts)
-    assert {"gate_scores_kernel", "gate_forward_kernel"} <= {name for name, _, _ in launches.seen}
+    seen = {name for name, _, _ in launches.seen}
+    assert "gate_forward_kernel" in seen and "gate_scores_kernel" not in seen, seen
     assert runner.relative_error((got,), (out,)) <= runner.tolerance(problem)
 
 

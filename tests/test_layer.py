@@ -20,6 +20,8 @@ from helpers import GRADIENT_SPREAD, TRITON_SEARCHES, SearchSpies, assert_close,
 from superlinear_ops import geometry, layer_api, torch_ops
 from superlinear_ops.kernels.launch import KernelConfig
 from superlinear_ops.layer.composition import attention_layer
+from superlinear_ops.layer.gate_ops import EMPTY_SCORE
+from superlinear_ops.layer.search import Found
 from superlinear_ops.problem import Problem
 from superlinear_ops.registry import REGISTRY
 from superlinear_ops.settings import SpanSettings
@@ -174,13 +176,16 @@ def check_properties(case: LayerCase, x: LayerInputs, traces: dict) -> None:
 
 @contextlib.contextmanager
 def poisoned_indices():
-    """torch.empty gives integer tensors filled with INDEX_POISON inside the block (floats: NaN)."""
+    """torch.empty gives integer tensors filled with INDEX_POISON (their dtype's largest value where
+    it does not fit) inside the block (floats: NaN)."""
     with poisoned_allocations():
         inner = torch.empty
 
         def empty(*args, **kwargs):
             t = inner(*args, **kwargs)
-            return t if t.is_floating_point() or t.dtype == torch.bool else t.fill_(INDEX_POISON)
+            if t.is_floating_point() or t.dtype == torch.bool:
+                return t
+            return t.fill_(min(INDEX_POISON, torch.iinfo(t.dtype).max))
 
         torch.empty = empty
         try:
@@ -204,8 +209,8 @@ def problem_of(case: LayerCase, x: LayerInputs) -> Problem:
     return Problem.for_layer(x.q1, x.k, case.topk, x.mask is not None, case.sw_index, label, (case.bf, case.ff, case.sp))
 
 
-def launch_search(variant, case: LayerCase, x: LayerInputs, config: KernelConfig | None = None) -> torch.Tensor:
-    """The variant's anchors (unwritten slots would hold INDEX_POISON)."""
+def launch_search(variant, case: LayerCase, x: LayerInputs, config: KernelConfig | None = None) -> Found:
+    """The variant's anchors and scores (unwritten slots would hold INDEX_POISON and NaN)."""
     problem = problem_of(case, x)
     assert not variant.not_supported_reasons(problem), variant.not_supported_reasons(problem)
     config = variant.default(problem) if config is None else config
@@ -214,18 +219,27 @@ def launch_search(variant, case: LayerCase, x: LayerInputs, config: KernelConfig
         return variant.launch(q1, k, x.cache_position, x.mask, settings_of(case), config)
 
 
-def check_anchors(anchors: torch.Tensor, traces: dict, case: LayerCase, what: str) -> None:
-    """The anchor SETS equal the oracle's (slot order is unspecified); empty slots are -1."""
+def check_anchors(found: Found, traces: dict, case: LayerCase, what: str) -> None:
+    """The anchor SETS equal the oracle's (slot order is unspecified); empty slots are -1. Slot by
+    slot, each score is the oracle's float64 Q1 . K[anchor] (EMPTY_SCORE exactly for an empty slot)."""
+    anchors, scores = found
     slots = settings_of(case).topk
     assert anchors.dtype == torch.int64 and anchors.shape == (case.batch, case.hq, case.lq, slots), f"{what}: {anchors.shape}"
+    assert scores.shape == anchors.shape and scores.dtype == (torch.float64 if case.dtype == torch.float64 else torch.float32)
     assert bool(((anchors >= -1) & (anchors < case.lkv)).all()), f"{what}: anchors out of range (unwritten slot?)"
-    rows = anchors.tolist()
+    rows, score_rows = anchors.tolist(), scores.double().tolist()
     for (b, h, q), tr in traces.items():
         got = rows[b][h][q]
         assert sorted(a for a in got if a >= 0) == tr.anchors and got.count(-1) == slots - len(tr.chosen), (
             f"{what}: (b={b}, h={h}, q={q}, t={tr.t}): anchors {sorted(got)} != oracle {tr.anchors} "
             f"(stripes best first as (score, i, key): {tr.candidates[: case.topk + 2]})"
         )
+        exact = {key: score for score, _, key in tr.candidates}
+        scale = max(1e-30, sum(score * score for score in exact.values()) / max(1, len(exact))) ** 0.5
+        for anchor, score in zip(got, score_rows[b][h][q]):
+            want = exact[anchor] if anchor >= 0 else EMPTY_SCORE
+            assert abs(score - want) <= 1e-4 * (abs(want) + scale), (
+                f"{what}: (b={b}, h={h}, q={q}): score {score} of anchor {anchor} != oracle {want}")
 
 
 def check_result(case: LayerCase, out, grads, expected, expected_grads, what: str) -> None:
@@ -262,11 +276,11 @@ def test_variant_matches_oracle(variant, case: LayerCase, gen: torch.Generator, 
     check_properties(case, x, traces)
     if any(len(tr.chosen) > 1 for tr in traces.values()):
         assert expected_grads[0].abs().max() > 1e-2, "the gate must carry a gradient into Q1"
-    anchors = launch_search(variant, case, x)
+    found = launch_search(variant, case, x)
     triton_search = variant.name in TRITON_SEARCHES
     assert search_spy.launches == triton_search, "the variant's own search must run (not a fallback)"
     assert not triton_search or search_spy[variant.name].launches == 1, f"{variant.name}: its kernel must run"
-    check_anchors(anchors, traces, case, variant.name)
+    check_anchors(found, traces, case, variant.name)
 
     leaves = leaves_of(x)
     q1, q2, k, v = x.arranged(*leaves)
@@ -277,7 +291,8 @@ def test_variant_matches_oracle(variant, case: LayerCase, gen: torch.Generator, 
                                       *case.power.kwargs().values(), 0)[0]
 
     with poisoned_allocations():
-        out = attention_layer(q1, k, anchors, x.cache_position, x.mask, settings, span_attention, q2.dtype)
+        out = attention_layer(q1, k, found.anchors, x.cache_position, x.mask, settings, span_attention, q2.dtype,
+                              search_scores=found.scores)
         grads = torch.autograd.grad(out, leaves, x.grad_out)
     check_result(case, out, grads, expected, expected_grads, variant.name)
 
@@ -294,6 +309,25 @@ def test_superlinear_attention_matches_oracle(case: LayerCase, gen: torch.Genera
         grads = torch.autograd.grad(out, leaves, x.grad_out)
     assert search_spy.launches == 1, "the dispatcher must run the Triton search on CPU tensors under the interpreter"
     check_result(case, out, grads, expected, expected_grads, "superlinear_attention")
+
+
+@pytest.mark.parametrize("case", CASES[::3], ids=CASE_IDS[::3])
+def test_forward_without_gradient_takes_the_search_scores(case: LayerCase, gen: torch.Generator,
+                                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    """With nothing to differentiate the public op's gate scores are the search's (the gate-score
+    op must not run), and the output still matches the float64 oracle."""
+    x = make_inputs(case, gen)
+    expected, _, _ = oracle_run(case, x)
+
+    def no_gate_scores(*args):
+        raise AssertionError("the gate scores were recomputed although the search returned them")
+
+    monkeypatch.setitem(torch_ops._IMPLEMENTATIONS, torch_ops.layer_gate_scores, no_gate_scores)
+    with torch.no_grad(), poisoned_allocations():
+        out = layer_api.superlinear_attention(*x.arranged(x.q1, x.q2, x.k, x.v), x.cache_position, x.mask,
+                                              **api_kwargs(case))
+    assert out.dtype == case.dtype
+    assert_close(out, expected, case.dtype, case.lkv, "superlinear_attention without gradient")
 
 
 TILES = {  # per Triton search: tilings over its default config (partial head and query blocks, extremes)

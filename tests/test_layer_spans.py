@@ -103,6 +103,7 @@ def test_kernel_spans_equal_the_oracle_and_the_tensor_ops(mask_kind, ff, power, 
     assert anchors.numel() > BLOCK // 8 and (anchors < 0).any() and (anchors >= 0).sum() > anchors.numel() // 2
     with poisoned_allocations(integer=POISON):
         qstart, qend = spans_by_kernel(anchors, cache_position, key_length, mask, settings)
+    assert qstart.dtype == qend.dtype == torch.int32, "the span kernels' index type"
     want_start, want_end, start_bound, end_bound = oracle_spans(anchors, cache_position, key_length, mask, bf, ff,
                                                                 span_power, window)
     assert_same(qstart, want_start, "qstart")

@@ -46,13 +46,14 @@ def anchor_spans(
     attention_mask: torch.Tensor | None,
     settings: SpanSettings,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """``spans_of_anchors``'s (qstart, qend): one Triton launch on a GPU (``spans_kernel``), its
-    tensor ops elsewhere (CPU, where they are the faster path)."""
+    """``spans_of_anchors``'s (qstart, qend) as int32 (the span kernels' index type): one Triton
+    launch on a GPU (``spans_kernel``), its tensor ops elsewhere (CPU, where they are the faster path)."""
     if anchors.device.type == "cuda":
         from .spans_kernel import spans_by_kernel  # imports Triton on first use only
 
         return spans_by_kernel(anchors, cache_position, key_length, attention_mask, settings)
-    return spans_of_anchors(anchors, cache_position, key_length, attention_mask, settings)
+    qstart, qend = spans_of_anchors(anchors, cache_position, key_length, attention_mask, settings)
+    return qstart.to(torch.int32), qend.to(torch.int32)
 
 
 def _key_rows(k: torch.Tensor, anchors: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

@@ -17,6 +17,7 @@ from dataclasses import dataclass
 import torch
 
 from .. import torch_ops
+from ..api import requires_grad
 from ..settings import SpanSettings
 from .attention import Chosen, gate_forward, gate_scores_forward, spans_of_anchors
 
@@ -42,12 +43,15 @@ def attention_layer(
     span_attention: SpanAttention,
     dtype: torch.dtype,
     gates: GateChoices | None = None,
+    search_scores: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """O [B, Hq, Lq, D] in ``dtype`` from the search's anchors [B, Hq, Lq, topk] (steps 2-5): the
     spans, the gate scores and the gate as the custom ops ``layer_spans``, ``layer_gate_scores`` and
     ``layer_gate`` (in float64 the spans are the tensor ops of ``spans_of_anchors``, never the GPU's
     spans kernel: the references stay PyTorch); with ``gates`` (the tuner's explicit parts) the gate
-    runs those choices, forward only (no autograd)."""
+    runs those choices, forward only (no autograd). ``search_scores``, the search's scores of the
+    anchors, are the gate scores when no gradient flows into Q1 or K (the search already took
+    Q1 . K[anchor]); otherwise the gate scores are recomputed by their op, which autograd follows."""
     power = settings.params.arguments
     if dtype == torch.float64:  # the float64 layer (every reference) stays PyTorch throughout, spans included
         qstart, qend = spans_of_anchors(anchors, cache_position, k.shape[2], attention_mask, settings)
@@ -58,7 +62,10 @@ def attention_layer(
             power["inv_search_power_int"],
         )
     span_out = span_attention(qstart, qend)  # [B, Hq, Lq, topk, D]
+    scores = None if search_scores is None or requires_grad(q1, k) else search_scores
     if gates is not None:
-        return gate_forward(gate_scores_forward(q1, k, anchors, gates.scores), span_out, dtype, gates.gate)
-    scores = torch_ops.run(torch_ops.layer_gate_scores, q1, k, anchors)
+        scores = gate_scores_forward(q1, k, anchors, gates.scores) if scores is None else scores
+        return gate_forward(scores, span_out, dtype, gates.gate)
+    if scores is None:
+        scores = torch_ops.run(torch_ops.layer_gate_scores, q1, k, anchors)
     return torch_ops.run(torch_ops.layer_gate, scores, span_out, dtype)

@@ -12,7 +12,9 @@ Products of 16-bit inputs are exact in fp32 and summed in fp32 (fp32 inputs: IEE
 Each row keeps its best ``TOPK`` (score, key) pairs in registers: a new score replaces the worst
 kept one when it is at least as large, the worst being the lowest score and, among equal lowest
 scores, the nearest key (the smallest stripe index), so among equal scores the farther stripe
-wins. A NaN score counts as +inf. No host synchronisation.
+wins. A NaN score counts as +inf. Beside the anchors the kernel stores the kept scores (fp32,
+EMPTY_SCORE for an empty slot): the layer's gate scores, Q1 . K[anchor], so that the forward
+need not gather the anchors' keys again. No host synchronisation.
 """
 
 from __future__ import annotations
@@ -23,14 +25,39 @@ import torch
 import triton
 import triton.language as tl
 
+from .. import geometry
 from ..buckets import next_power_of_two
 from ..kernels.common import tc_dot
 from ..kernels.launch import KernelConfig, check_tile_config, mask_bytes, unit_stride
 from ..settings import SpanSettings
-from .search import stripe_offsets_and_lengths
+from .gate_ops import EMPTY_SCORE as EMPTY_SLOT_SCORE
+from .search import Found
 
 SEARCH_TUNABLES = ("block_q", "block_h", "num_warps", "num_stages")
 EMPTY_SLOT = tl.constexpr(-(1 << 30))  # padding slots' key: never the worst, never an anchor
+EMPTY_SCORE = tl.constexpr(EMPTY_SLOT_SCORE)
+QUERY_BLOCK = 1024  # queries per program of query_tables_kernel
+
+
+@triton.jit
+def query_tables_kernel(cache_position_ptr, offsets_ptr, pos_ptr, count_ptr, L_Q, L_KV, N_STRIPES,
+                        STEPS: tl.constexpr, BLOCK: tl.constexpr):
+    """Each query's position clamped to [-1, Lkv - 1] (int32) and its stripe count, the number of
+    offsets <= t = pos + 1 (a binary search of ``STEPS`` halvings over the increasing offsets)."""
+    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    ok = offs < L_Q
+    pos = tl.load(cache_position_ptr + offs, mask=ok, other=-1).to(tl.int64)
+    pos = tl.minimum(tl.maximum(pos, -1), L_KV - 1)
+    lo = tl.zeros((BLOCK,), dtype=tl.int32)
+    hi = lo + N_STRIPES
+    for _ in tl.static_range(STEPS):  # invariant: offsets[:lo] <= t < offsets[hi:]
+        open_ = lo < hi
+        mid = (lo + hi) // 2
+        below = tl.load(offsets_ptr + mid, mask=open_, other=0) <= pos + 1
+        lo = tl.where(open_ & below, mid + 1, lo)
+        hi = tl.where(open_ & ~below, mid, hi)
+    tl.store(pos_ptr + offs, pos.to(tl.int32), mask=ok)
+    tl.store(count_ptr + offs, lo, mask=ok)
 
 
 @triton.jit
@@ -50,7 +77,7 @@ def _stripe_keys(K_ptr, kv_base, stride_kl, mask_ptr, mask_base, offsets_ptr, j,
 
 @triton.jit
 def layer_search_kernel(
-    Q1_ptr, K_ptr, pos_ptr, count_ptr, offsets_ptr, mask_ptr, anchor_ptr,
+    Q1_ptr, K_ptr, pos_ptr, count_ptr, offsets_ptr, mask_ptr, anchor_ptr, score_ptr,
     stride_qb, stride_qh, stride_ql, stride_kb, stride_kh, stride_kl, stride_mb,
     H_Q, L_Q, REP, N_HEAD_BLOCKS, N_STRIPES,
     TOPK: tl.constexpr, TOPK_PAD: tl.constexpr, D_HEAD: tl.constexpr, BLOCK_D: tl.constexpr,
@@ -103,9 +130,10 @@ def layer_search_kernel(
         best_key = tl.where(take, (t_r - offset)[:, None] + zeros, best_key)
         keys, key_ok, offset = next_keys, next_ok, next_offset
 
-    anchors = tl.where(best_key >= 0, best_key, -1).to(tl.int64)
+    found = best_key >= 0
     out = ((batch * H_Q + heads[:, None]) * L_Q + offs_q[:, None].to(tl.int64)) * TOPK + slot
-    tl.store(anchor_ptr + out, anchors, mask=row_ok[:, None] & (slot < TOPK))
+    tl.store(anchor_ptr + out, tl.where(found, best_key, -1).to(tl.int64), mask=row_ok[:, None] & (slot < TOPK))
+    tl.store(score_ptr + out, tl.where(found, best, EMPTY_SCORE), mask=row_ok[:, None] & (slot < TOPK))
 
 
 def search_default(rep: int, head_dim: int) -> KernelConfig:
@@ -116,10 +144,11 @@ def search_default(rep: int, head_dim: int) -> KernelConfig:
 
 
 class SearchTables(NamedTuple):
-    """What both search kernels read besides the tiles: the anchors to fill, the stripe offsets,
-    each query's position (int32) and stripe count, Q1 and K with unit D strides, and the mask bytes."""
+    """What both search kernels read besides the tiles, and the outputs they fill: the anchors and
+    their scores (uninitialised), the stripe offsets, each query's position (int32) and stripe count,
+    Q1 and K with unit D strides, and the mask bytes."""
 
-    anchors: torch.Tensor
+    found: Found
     offsets: torch.Tensor
     positions: torch.Tensor
     count: torch.Tensor
@@ -130,22 +159,31 @@ class SearchTables(NamedTuple):
 
 def search_tables(q1: torch.Tensor, k: torch.Tensor, cache_position: torch.Tensor, attention_mask: torch.Tensor | None,
                   settings: SpanSettings) -> SearchTables:
-    """The search's tables for validated inputs (``anchors`` uninitialised)."""
+    """The search's tables for validated inputs (one launch of ``query_tables_kernel``)."""
     batch, hq, lq, _ = q1.shape
-    anchors = torch.empty(batch, hq, lq, settings.topk, dtype=torch.int64, device=q1.device)
-    offsets, t = stripe_offsets_and_lengths(cache_position, k.shape[2], settings)
-    count = torch.searchsorted(offsets, t, right=True).to(torch.int32)  # stripes with loc >= 0
-    return SearchTables(anchors, offsets, (t - 1).to(torch.int32).contiguous(), count, unit_stride(q1), unit_stride(k),
-                        mask_bytes(attention_mask, q1.device))
+    device = q1.device
+    found = Found(torch.empty(batch, hq, lq, settings.topk, dtype=torch.int64, device=device),
+                  torch.empty(batch, hq, lq, settings.topk, dtype=torch.float32, device=device))
+    offsets = geometry.stripe_offsets_tensor(k.shape[2], settings.sw_index, settings.params, device)
+    positions = torch.empty(lq, dtype=torch.int32, device=device)
+    count = torch.empty_like(positions)
+    if lq:
+        query_tables_kernel[(triton.cdiv(lq, QUERY_BLOCK),)](
+            cache_position, offsets, positions, count, lq, k.shape[2], offsets.numel(),
+            STEPS=max(1, offsets.numel().bit_length()), BLOCK=QUERY_BLOCK, num_warps=4,
+        )
+    return SearchTables(found, offsets, positions, count, unit_stride(q1), unit_stride(k),
+                        mask_bytes(attention_mask, device))
 
 
 def launch_search(kernel, q1: torch.Tensor, k: torch.Tensor, cache_position: torch.Tensor,
-                  attention_mask: torch.Tensor | None, settings: SpanSettings, config: KernelConfig, **own) -> torch.Tensor:
-    """Anchors from a search ``kernel`` run over (query blocks, KV heads x head blocks, batch): the
-    arguments both search kernels take, then ``own`` (the kernel's other constexprs and launch options)."""
+                  attention_mask: torch.Tensor | None, settings: SpanSettings, config: KernelConfig, **own) -> Found:
+    """Anchors and scores from a search ``kernel`` run over (query blocks, KV heads x head blocks,
+    batch): the arguments both search kernels take, then ``own`` (the kernel's other constexprs and
+    launch options)."""
     tables = search_tables(q1, k, cache_position, attention_mask, settings)
-    if tables.anchors.numel() == 0:
-        return tables.anchors
+    if tables.found.anchors.numel() == 0:
+        return tables.found
     batch, hq, lq, dim = q1.shape
     hkv = k.shape[1]
     rep = hq // hkv
@@ -153,14 +191,14 @@ def launch_search(kernel, q1: torch.Tensor, k: torch.Tensor, cache_position: tor
     grid = (triton.cdiv(lq, config.block_q), hkv * head_blocks, batch)
     q1, k, mask = tables.q1, tables.k, tables.mask
     kernel[grid](
-        q1, k, tables.positions, tables.count, tables.offsets, mask, tables.anchors,
+        q1, k, tables.positions, tables.count, tables.offsets, mask, *tables.found,
         q1.stride(0), q1.stride(1), q1.stride(2), k.stride(0), k.stride(1), k.stride(2), mask.stride(0),
         hq, lq, rep, head_blocks, tables.offsets.numel(),
         TOPK=settings.topk, TOPK_PAD=next_power_of_two(settings.topk), D_HEAD=dim, BLOCK_D=max(16, next_power_of_two(dim)),
         BLOCK_Q=config.block_q, BLOCK_H=config.block_h, HAS_MASK=attention_mask is not None,
         UPCAST=q1.device.type == "cpu", num_warps=config.num_warps, **own,
     )
-    return tables.anchors
+    return tables.found
 
 
 def tiled_search(
@@ -170,8 +208,9 @@ def tiled_search(
     attention_mask: torch.Tensor | None,
     settings: SpanSettings,
     config: KernelConfig,
-) -> torch.Tensor:
-    """Anchors [B, Hq, Lq, topk] (int64, -1: empty slot) for validated inputs (see the module docstring)."""
+) -> Found:
+    """Anchors [B, Hq, Lq, topk] (int64, -1: empty slot) and their scores for validated inputs (see
+    the module docstring)."""
     check_tile_config(config, SEARCH_TUNABLES)
     return launch_search(layer_search_kernel, q1, k, cache_position, attention_mask, settings, config,
                          num_stages=config.num_stages)

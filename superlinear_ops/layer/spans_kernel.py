@@ -43,13 +43,13 @@ def layer_spans_kernel(
     distance = tl.minimum(tl.maximum(pos + 1 - first, 0), L_KV)
     empty = anchor < 0
     qstart = tl.maximum(anchor - tl.load(back_ptr + distance, mask=live, other=0), first)
-    tl.store(qstart_ptr + offs, tl.where(empty, -1, qstart), mask=live)
+    tl.store(qstart_ptr + offs, tl.where(empty, -1, qstart).to(tl.int32), mask=live)
     if HAS_FORWARD:
         limit = tl.where(WINDOW == 0, pos, pos - WINDOW)
         qend = tl.minimum(anchor + tl.load(forward_ptr + distance, mask=live, other=0), limit)
-        tl.store(qend_ptr + offs, tl.where(empty, -1, qend), mask=live)
+        tl.store(qend_ptr + offs, tl.where(empty, -1, qend).to(tl.int32), mask=live)
     else:
-        tl.store(qend_ptr + offs, anchor, mask=live)
+        tl.store(qend_ptr + offs, anchor.to(tl.int32), mask=live)
 
 
 def spans_by_kernel(
@@ -59,14 +59,15 @@ def spans_by_kernel(
     attention_mask: torch.Tensor | None,
     settings: SpanSettings,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """(qstart, qend) [B, Hq, Lq, topk] int64 of the anchors [B, Hq, Lq, topk]: ``spans_of_anchors``'s
-    result in one launch (the first allowed key of a masked row comes from one argmax first).
+    """(qstart, qend) [B, Hq, Lq, topk] int32 of the anchors [B, Hq, Lq, topk]: ``spans_of_anchors``'s
+    result in one launch (int32, the span kernels' index type: every bound lies in [-1, Lkv - 1],
+    so they take them without a clamp) (the first allowed key of a masked row comes from one argmax first).
     ValueError when cache_position is not [Lq] or the mask not [B, >= key_length]
     (``validation.check_anchor_inputs``: the kernel indexes them per query and per row, where the
     tensor ops would broadcast)."""
     validation.check_anchor_inputs(anchors, cache_position, attention_mask, key_length)
     _, hq, lq, slots = anchors.shape
-    qstart = torch.empty(anchors.shape, dtype=torch.int64, device=anchors.device)
+    qstart = torch.empty(anchors.shape, dtype=torch.int32, device=anchors.device)
     qend = torch.empty_like(qstart)
     if anchors.numel() == 0:
         return qstart, qend

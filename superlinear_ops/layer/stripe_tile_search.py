@@ -16,7 +16,8 @@ best candidate beats no row's worst kept pair costs two row reductions over the 
 score, and whether it has a candidate); otherwise its candidates are taken best first, at most
 ``TOPK`` per row. The next tile's key rows are loaded before this tile's
 work, by hand: on the H200, Triton's ``num_stages`` 1 and 2 measured the same, so the kernel
-runs with 1. No host synchronisation.
+runs with 1. Beside the anchors it stores their scores (``search_kernel``'s layout). No host
+synchronisation.
 """
 
 from __future__ import annotations
@@ -29,7 +30,8 @@ from ..buckets import next_power_of_two
 from ..kernels.common import tc_dot
 from ..kernels.launch import KernelConfig, check_tile_config
 from ..settings import SpanSettings
-from .search_kernel import launch_search
+from .search import Found
+from .search_kernel import EMPTY_SCORE, launch_search
 
 STRIPE_TILE_TUNABLES = ("block_s", "block_h", "block_q", "num_warps")
 NO_STRIPE = tl.constexpr(1 << 30)  # padding slots' stripe: never the worst, never an anchor
@@ -61,7 +63,7 @@ def _worst_kept(best, best_j):
 
 @triton.jit
 def stripe_tile_search_kernel(
-    Q1_ptr, K_ptr, pos_ptr, count_ptr, offsets_ptr, mask_ptr, anchor_ptr,
+    Q1_ptr, K_ptr, pos_ptr, count_ptr, offsets_ptr, mask_ptr, anchor_ptr, score_ptr,
     stride_qb, stride_qh, stride_ql, stride_kb, stride_kh, stride_kl, stride_mb,
     H_Q, L_Q, REP, N_HEAD_BLOCKS, N_STRIPES,
     TOPK: tl.constexpr, TOPK_PAD: tl.constexpr, D_HEAD: tl.constexpr, BLOCK_D: tl.constexpr,
@@ -132,6 +134,7 @@ def stripe_tile_search_kernel(
     anchors = tl.where(found, t_r[:, None] - offset, -1).to(tl.int64)
     out = ((batch * H_Q + heads[:, None]) * L_Q + offs_q[:, None].to(tl.int64)) * TOPK + slot
     tl.store(anchor_ptr + out, anchors, mask=row_ok[:, None] & (slot < TOPK))
+    tl.store(score_ptr + out, tl.where(found, best, EMPTY_SCORE), mask=row_ok[:, None] & (slot < TOPK))
 
 
 def stripe_tile_default(rep: int, head_dim: int) -> KernelConfig:
@@ -149,8 +152,9 @@ def stripe_tile_search(
     attention_mask: torch.Tensor | None,
     settings: SpanSettings,
     config: KernelConfig,
-) -> torch.Tensor:
-    """Anchors [B, Hq, Lq, topk] (int64, -1: empty slot) for validated inputs (see the module docstring)."""
+) -> Found:
+    """Anchors [B, Hq, Lq, topk] (int64, -1: empty slot) and their scores for validated inputs (see
+    the module docstring)."""
     check_tile_config(config, STRIPE_TILE_TUNABLES)
     if config.block_q * config.block_h < 16 or config.block_q * config.block_s < 16:
         raise ValueError(f"config needs block_q * block_h >= 16 and block_q * block_s >= 16 (tensor-core dots), "

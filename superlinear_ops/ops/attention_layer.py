@@ -40,7 +40,7 @@ class AttentionLayer(OpSpec):
 
     def run(self, variant, config, problem: Problem, x: Inputs, parts: Parts):
         settings = SpanSettings.of_problem(problem).for_keys(problem.keys)
-        anchors = variant.launch(x.q1, x.k, x.cache_position, x.mask, settings, config)
+        found = variant.launch(x.q1, x.k, x.cache_position, x.mask, settings, config)
         span, span_config = parts[SPAN]
 
         def span_attention(qstart: torch.Tensor, qend: torch.Tensor) -> torch.Tensor:
@@ -48,7 +48,8 @@ class AttentionLayer(OpSpec):
             return span.launch(geo, span_config)[0]
 
         gates = GateChoices(parts[SCORES], parts[GATE_PART])
-        return (attention_layer(x.q1, x.k, anchors, x.cache_position, x.mask, settings, span_attention, x.q.dtype, gates),)
+        return (attention_layer(x.q1, x.k, found.anchors, x.cache_position, x.mask, settings, span_attention, x.q.dtype,
+                                gates, found.scores),)
 
     def traffic(self, case) -> tuple[float, float]:
         """The span attention's, plus the search: one stripe key per (query head, query, stripe), and Q1."""
