@@ -10,6 +10,7 @@ ties (duplicate key rows). Each case asserts that it really has the properties i
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 from dataclasses import dataclass
 
 import oracle
@@ -293,7 +294,8 @@ def test_variant_matches_oracle(variant, case: LayerCase, gen: torch.Generator, 
     with poisoned_allocations():
         out = attention_layer(q1, k, found.anchors, x.cache_position, x.mask, settings, span_attention, q2.dtype,
                               search_scores=found.scores)
-        grads = torch.autograd.grad(out, leaves, x.grad_out)
+        grads = torch.autograd.grad(out, leaves, x.grad_out, allow_unused=True)
+    assert all(g is not None for g in grads), "every input must reach the output through autograd (Q1 via the gate scores)"
     check_result(case, out, grads, expected, expected_grads, variant.name)
 
 
@@ -366,6 +368,19 @@ def test_every_topk_picks_the_oracle_anchor_sets(topk: int, gen: torch.Generator
     x = make_inputs(case, gen)
     _, traces = oracle.attention_layer(x.q1, x.q2, x.k, x.v, x.cache_position, x.mask, case.params)
     check_properties(case, x, traces)
+    for variant in LAYER_VARIANTS:
+        check_anchors(launch_search(variant, case, x), traces, case, variant.name)
+
+
+def test_searches_read_strided_positions(gen: torch.Generator) -> None:
+    """Every search variant takes cache_position as a strided view (every other entry of a wider
+    tensor) and finds the oracle's anchors and scores."""
+    case = CASES[0]
+    x = make_inputs(case, gen)
+    _, traces = oracle.attention_layer(x.q1, x.q2, x.k, x.v, x.cache_position, x.mask, case.params)
+    strided = x.cache_position.repeat_interleave(2)[::2]
+    assert strided.stride(0) == 2 and torch.equal(strided, x.cache_position)
+    x = dataclasses.replace(x, cache_position=strided)
     for variant in LAYER_VARIANTS:
         check_anchors(launch_search(variant, case, x), traces, case, variant.name)
 

@@ -169,7 +169,7 @@ def search_tables(q1: torch.Tensor, k: torch.Tensor, cache_position: torch.Tenso
     count = torch.empty_like(positions)
     if lq:
         query_tables_kernel[(triton.cdiv(lq, QUERY_BLOCK),)](
-            cache_position, offsets, positions, count, lq, k.shape[2], offsets.numel(),
+            cache_position.contiguous(), offsets, positions, count, lq, k.shape[2], offsets.numel(),
             STEPS=max(1, offsets.numel().bit_length()), BLOCK=QUERY_BLOCK, num_warps=4,
         )
     return SearchTables(found, offsets, positions, count, unit_stride(q1), unit_stride(k),

@@ -59,9 +59,9 @@ def spans_by_kernel(
     attention_mask: torch.Tensor | None,
     settings: SpanSettings,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """(qstart, qend) [B, Hq, Lq, topk] int32 of the anchors [B, Hq, Lq, topk]: ``spans_of_anchors``'s
-    result in one launch (int32, the span kernels' index type: every bound lies in [-1, Lkv - 1],
-    so they take them without a clamp) (the first allowed key of a masked row comes from one argmax first).
+    """(qstart, qend) [B, Hq, Lq, topk] of the anchors [B, Hq, Lq, topk]: ``spans_of_anchors``'s
+    result in one launch (the first allowed key of a masked row comes from one argmax first), as
+    int32, the span kernels' index type: every bound lies in [-1, Lkv - 1], so they take it unclamped.
     ValueError when cache_position is not [Lq] or the mask not [B, >= key_length]
     (``validation.check_anchor_inputs``: the kernel indexes them per query and per row, where the
     tensor ops would broadcast)."""

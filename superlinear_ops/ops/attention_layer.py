@@ -1,9 +1,10 @@
 """``attention_layer``: the whole layer (search, spans, span + window attention, gate; SPEC section 7).
 
-Its variants are the search's; the layer's other parts (the span attention, the gate scores and the
-gate) run with the configurations the bench resolved for them (``parts``), so that a tuned search
-entry does not depend on whatever cache the dispatcher had loaded while tuning; at every part's
-reference (``runner.reference_parts``) the whole layer is PyTorch in float64.
+Its variants are the search's; the layer's other parts (the span attention and the gate) run with
+the configurations the bench resolved for them (``parts``), so that a tuned search entry does not
+depend on whatever cache the dispatcher had loaded while tuning; this forward takes its gate scores
+from the search (the gate-score part is tuned here for the forwards that need a gradient). At every
+part's reference (``runner.reference_parts``) the whole layer is PyTorch in float64.
 """
 
 from __future__ import annotations
