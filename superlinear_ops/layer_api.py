@@ -51,7 +51,7 @@ def superlinear_attention(
         raise ValueError("cache_position must be >= 0")
     if Q2.numel() == 0:
         return empty_result(Q2.shape, Q2, Q1, Q2, K, V)
-    # int32, the kernels' index type, once: every kernel and table below takes it as it is
+    # int32, the kernels' index type, once: the spans and span attention below take it unclamped
     positions = clamped_positions(cache_position, K.shape[2]).to(torch.int32)
     anchors, scores = torch_ops.run(torch_ops.layer_search, Q1, K, positions, attention_mask, *settings.op_arguments())
     power = settings.params.arguments

@@ -62,10 +62,12 @@ def attention_layer(
             power["inv_search_power_int"],
         )
     span_out = span_attention(qstart, qend)  # [B, Hq, Lq, topk, D]
-    scores = None if search_scores is None or requires_grad(q1, k) else search_scores
-    if gates is not None:
-        scores = gate_scores_forward(q1, k, anchors, gates.scores) if scores is None else scores
-        return gate_forward(scores, span_out, dtype, gates.gate)
-    if scores is None:
+    if search_scores is not None and not requires_grad(q1, k):
+        scores = search_scores  # the search already took Q1 . K[anchor]
+    elif gates is not None:
+        scores = gate_scores_forward(q1, k, anchors, gates.scores)
+    else:
         scores = torch_ops.run(torch_ops.layer_gate_scores, q1, k, anchors)
+    if gates is not None:
+        return gate_forward(scores, span_out, dtype, gates.gate)
     return torch_ops.run(torch_ops.layer_gate, scores, span_out, dtype)
