@@ -74,8 +74,8 @@ def replay_vs_eager(call, x: Inputs, device: torch.device, steps: int = 3) -> fl
     return worst
 
 
-def measure_row(case: Case, label: str, mask_dtype: torch.dtype, device: torch.device) -> dict:
-    """One row of the table (see the module docstring)."""
+def measure_row(case: Case, label: str, mask_dtype: torch.dtype, device: torch.device) -> tuple[dict, Inputs]:
+    """One row of the table without its dense columns (see the module docstring), and its inputs."""
     bench = ProblemBench(case, device, seed=0)
     x = bench.inputs if bench.inputs.mask is None else dataclasses.replace(bench.inputs, mask=bench.inputs.mask.to(mask_dtype))
     explanation = dispatch.explain(case.problem)
@@ -89,15 +89,20 @@ def measure_row(case: Case, label: str, mask_dtype: torch.dtype, device: torch.d
         "choice": f"{choice.variant.name} {choice.config.text()}", "source": choice.source, "rule": explanation.rule,
         "explain": explanation.text(),
     }
+    bytes_ = traffic(case)[0]
+    row["lower_bound_ms"], row["lower_bound_bytes"] = bytes_ / BANDWIDTH * 1e3, bytes_
+    row["replay_vs_eager_max_abs"] = replay_vs_eager(call, x, device)
+    return row, x
+
+
+def add_dense(row: dict, x: Inputs, device: torch.device) -> None:
+    """The row's dense SDPA columns (timed after every row of ours: the slow backends, MATH above
+    all, leave the GPU slower for a while, which showed as about 10 us on a 1M decode step)."""
     row["sdpa_ms"] = sdpa_times(x, device)
     timed = {name: ms for name, ms in row["sdpa_ms"].items() if isinstance(ms, float)}
     row["sdpa_best"] = min(timed, key=timed.get) if timed else None
     row["sdpa_best_ms"] = timed.get(row["sdpa_best"], float("nan"))
     row["ours_over_sdpa"] = row["ours_graph_ms"] / row["sdpa_best_ms"]
-    bytes_ = traffic(case)[0]
-    row["lower_bound_ms"], row["lower_bound_bytes"] = bytes_ / BANDWIDTH * 1e3, bytes_
-    row["replay_vs_eager_max_abs"] = replay_vs_eager(call, x, device)
-    return row
 
 
 def main() -> None:
@@ -107,13 +112,14 @@ def main() -> None:
     parser.add_argument("--mask-dtypes", nargs="+", choices=("bool", "int64"), default=["bool", "int64"])
     args = parser.parse_args()
     device = torch.device("cuda")
+    measured = [measure_row(masked_case(context, kind), label, getattr(torch, dtype), device)
+                for context in args.contexts for label, kind in MASKS
+                for dtype in (args.mask_dtypes if kind else args.mask_dtypes[:1])]
     rows = []
-    for context in args.contexts:
-        for label, kind in MASKS:
-            for dtype in args.mask_dtypes if kind else args.mask_dtypes[:1]:
-                row = measure_row(masked_case(context, kind), label, getattr(torch, dtype), device)
-                rows.append(row)
-                print(json.dumps({k: v for k, v in row.items() if k not in ("explain", "ours_kernels_ms")}), flush=True)
+    for row, x in measured:
+        add_dense(row, x, device)
+        rows.append(row)
+        print(json.dumps({k: v for k, v in row.items() if k not in ("explain", "ours_kernels_ms")}), flush=True)
     with open(args.out, "w", encoding="utf-8") as fh:
         json.dump({"gpu": torch.cuda.get_device_name(), "torch": torch.__version__, "rows": rows}, fh, indent=2)
 

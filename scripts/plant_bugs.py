@@ -90,6 +90,7 @@ PLANTS = {
     "grouped search keeps masked stripes": (G, "        valid = valid & (tl.load(mask_ptr + batch * stride_mb + loc, mask=valid, other=0) != 0)\n", "        valid = valid\n", decode("grouped")),
     "grouped chunks with holes read as all allowed": (G, "masked = tl.max(hidden.to(tl.int32), axis=0) > 0", "masked = tl.max(hidden.to(tl.int32), axis=0) > 1", decode("grouped")),
     "grouped span starts one key early": (G, "back = tl.load(back_ptr + t)", "back = tl.load(back_ptr + t) + 1", decode("grouped")),
+    "grouped partials stored in program order": (G, "part = (batch * H_Q * TOPK + head_slot) * N_CHUNKS + chunk + rows * 0", "part = batch * H_Q * TOPK * N_CHUNKS + pid + rows * 0", "tests/test_decode.py -k several_chunks"),
     "grouped bf16 output scaled by 1.01": (G, "        launch_pdl=pdl,\n    )\n    return out\n", "        launch_pdl=pdl,\n    )\n    return out * 1.01 if q2.dtype == torch.bfloat16 else out\n", decode("grouped")),
     "geometry stripe_count drops the last stripe": (GEO, "return max(largest, sw_index + 1)", "return max(largest - 1, sw_index + 1)", f"{VARIANTS}::test_decode_variant_matches_oracle tests/test_geometry.py"),
     "tensor-core forward: window part dropped in the merge": (TCF, "        beta = tl.exp2(lw - m_ref)\n", "        beta = tl.exp2(lw - m_ref) * 0.0\n", f"{FWD} -k tc_tiles"),

@@ -88,9 +88,9 @@ class DecodeInputs:
         return oracle.staged_decode(self.q1, self.q2, self.k, self.v, self.cache_position, self.mask, self.params)
 
 
-def launch_variant(variant, inputs, backward_args=None, block_k: int | None = BLOCK_K):
+def launch_variant(variant, inputs, backward_args=None, block_k: int | None = BLOCK_K, changes: dict | None = None):
     """Run one registered variant directly (no dispatcher) with its default configuration
-    (``block_k`` forced when the variant tunes it). Skips, with the variant's own reason, when it
+    (``block_k`` forced when the variant tunes it, then ``changes`` applied). Skips, with the variant's own reason, when it
     does not apply. Floating buffers the variant allocates with torch.empty start as NaN, so an
     element it never writes shows. Returns (result, config).
 
@@ -118,6 +118,7 @@ def launch_variant(variant, inputs, backward_args=None, block_k: int | None = BL
     config = variant.default(problem)
     if block_k is not None and "block_k" in {p.name for p in variant.space}:
         config = config.replace(block_k=block_k)
+    config = config.replace(**(changes or {}))
     with poisoned_allocations():
         if isinstance(inputs, DecodeInputs):
             settings = SpanSettings(p.sw_index, p.topk, p.backward_factor, p.forward_factor, p.span_power, params)

@@ -137,6 +137,18 @@ def test_grouped_first_allowed_key_over_several_mask_slices(mask: str, gen: torc
     assert_close(got, x.oracle()[0], torch.float32, 256, "grouped")
 
 
+def test_grouped_decode_runs_long_spans_in_several_chunks(gen: torch.Generator) -> None:
+    """Spans of about 260 keys in 128-key chunks (three programs per span, several blocks each),
+    two rows with different masks: every chunk's partial is stored where its head's merge reads it."""
+    case = DecodeCase("fp32", 2, hkv=2, lkv=2048, pos=2000, power=FLOAT55, sw_index=6)
+    x = make_decode_inputs(case, gen)
+    expected, traces = x.oracle()
+    assert max(end - start + 1 for trace in traces.values() for _, _, start, end in trace.chosen) > 2 * 128
+    got, config = launch_variant(REGISTRY.get("staged_decode", "grouped"), x, changes={"chunk": 128})
+    assert config.chunk == 128
+    assert_close(got, expected, torch.float32, case.lkv, "grouped")
+
+
 def test_oracle_gate_and_spans_follow_the_spec_by_hand() -> None:
     """One head worked by hand: W = 3 (int2, sw_index 1), t = 20, stripes i = 2..4 at 16, 11, 4."""
     power = oracle.Power.of(inv_search_power_int=2)

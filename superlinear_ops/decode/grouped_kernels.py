@@ -226,8 +226,10 @@ def span_kernel(
     for that grid's results before its first read of them."""
     pid = tl.program_id(0)
     batch = tl.program_id(1).to(tl.int64)
-    chunk = pid % N_CHUNKS
-    head_slot = pid // N_CHUNKS
+    # Chunk-major order: every (head, slot) at one chunk index runs together, so the heads of a
+    # group whose spans share keys (the same anchor) read them at about the same time, from L2.
+    head_slot = pid % (H_Q * TOPK)
+    chunk = pid // (H_Q * TOPK)
     slot = head_slot % TOPK
     head = (head_slot // TOPK).to(tl.int64)
     row = batch * H_Q + head
@@ -275,7 +277,7 @@ def span_kernel(
     else:
         acc, m, l = _attend(q, K_ptr, V_ptr, kv_base, stride_kl, mask_ptr, batch * stride_mb, lo, hi, offs_d, d_mask,
                             qk_scale, BLOCK_K, False, UPCAST)
-    part = batch * H_Q * TOPK * N_CHUNKS + pid + rows * 0
+    part = (batch * H_Q * TOPK + head_slot) * N_CHUNKS + chunk + rows * 0
     first_row = rows == 0
     tl.store(acc_ptr + part[:, None] * D_HEAD + offs_d[None, :], acc, mask=first_row[:, None] & d_mask[None, :])
     tl.store(m_ptr + part, m, mask=first_row)
