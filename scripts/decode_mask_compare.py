@@ -7,6 +7,8 @@ CUDA graph (median of do_bench over replays, L2 flushed), checked against the fl
 first; its kernels one by one (profiler); dense SDPA on the same inputs with each backend forced
 (the fastest named); the lower bound (bytes every implementation must move / 4.8 TB/s); the
 largest difference between a graph replay and an eager call on fresh queries; and ``explain``.
+Every row of ours is timed before any dense backend runs (their slow backends leave the GPU slower
+for a while), so every row's inputs stay on the GPU until the end (about 13 GB at 1M).
 
 Run on a GPU:  PYTHONPATH=. python scripts/decode_mask_compare.py --out decode_mask.json
 """
