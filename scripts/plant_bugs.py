@@ -48,6 +48,7 @@ GATES = "tests/test_gate_variants.py"
 FWD = f"{VARIANTS} -k span_forward"
 LAUNCH = "superlinear_ops/kernels/launch.py"
 WTB = "superlinear_ops/kernels/window_tc_backward.py"
+WFULL = "tests/test_span_tc_backward.py -k full_tiles"
 API = "superlinear_ops/api.py"
 HAPI = "tests/test_hardening_api.py"
 SETTINGS = "superlinear_ops/settings.py"
@@ -182,8 +183,14 @@ PLANTS = {
     "side stream: the pool's current stream used as the side stream": ("superlinear_ops/kernels/side_stream.py", "        while side == main:", "        while False:", "tests/test_side_stream.py"),
     "side stream: no join before the span-tile kernel": (TCF, "    side.join(plan.order, plan.lo, plan.hi)\n    block_m, block_n", "    block_m, block_n", f"{TCF_TESTS} -k beside"),
     "side stream: the plan queued on the current stream": (TCF, "    with side:\n        plan = span_tile_plan(geo, SPAN_START_BLOCK)", "    if True:\n        plan = span_tile_plan(geo, SPAN_START_BLOCK)", f"{TCF_TESTS} -k beside"),
-    "TMA: window dQ whole blocks read one key late": (WTB, "            k = k_desc.load([desc_row + start, 0])", "            k = k_desc.load([desc_row + start + 1, 0])", "tests/test_span_tc_backward.py -k descriptors"),
-    "TMA: window dQ skips the block after the whole ones": (WTB, "        pointer_lo = tile_lo + whole * BLOCK_N", "        pointer_lo = tile_lo + whole * BLOCK_N + BLOCK_N", "tests/test_span_tc_backward.py -k descriptors"),
+    "TMA: window dQ whole blocks read one key late": (WTB, "            k = k_desc.load([desc_row + tile_lo + i * BLOCK_N, 0])", "            k = k_desc.load([desc_row + tile_lo + i * BLOCK_N + 1, 0])", "tests/test_span_tc_backward.py -k descriptors"),
+    "TMA: window dQ skips the block after the whole ones": (WTB, "(first_inner, end_inner, whole, n_blocks)[segment]", "(first_inner, end_inner, whole, whole)[segment]", "tests/test_span_tc_backward.py -k descriptors"),
+    "window dK/dV: full tiles from a tile whose first row misses the block's last key": (WTB, "(first_pos < key_hi)", "(first_pos < key_hi - 1)", f"{WFULL}"),
+    "window dK/dV: full tiles up to a tile whose last window misses the block's first key": (WTB, "(last_pos - WINDOW + 1 <= key_lo)", "(last_pos - WINDOW <= key_lo)", f"{WFULL}"),
+    "window dK/dV: full tiles ignore the attention mask": (WTB, "        if ROW_MASK or HAS_MASK:\n            pt = tl.where(attend, pt, 0.0)\n        dv +=", "        if ROW_MASK:\n            pt = tl.where(attend, pt, 0.0)\n        dv +=", f"{WFULL}"),
+    "window dK/dV: the full tiles skipped": (WTB, "(full_lo, full_hi + 1, t_last + 1)[segment]", "(full_lo, full_lo, t_last + 1)[segment]", f"{WFULL}"),
+    "window dQ: inner blocks from the block before": (WTB, "first_inner = tl.minimum(tl.cdiv(tl.maximum(inner_lo - tile_lo, 0), BLOCK_N), whole)", "first_inner = tl.minimum(tl.maximum(inner_lo - tile_lo, 0) // BLOCK_N, whole)", f"{WFULL}"),
+    "window dQ: inner blocks up to the block after": (WTB, "tl.minimum((inner_hi - tile_lo + 1) // BLOCK_N, whole)", "tl.minimum((inner_hi - tile_lo + 1) // BLOCK_N + 1, whole)", f"{WFULL}"),
     "tuner re-tune forgets the earlier winner": (TUNE, "earlier=earlier)", "earlier=None)", "tests/test_tuner.py -k retune"),
     "hardening: topk not clamped to the stripes": (SETTINGS, "return settings if torch.compiler.is_compiling() else settings.for_keys(key_length)", "return settings", f"{INPUTS} -k huge_topk"),
 }

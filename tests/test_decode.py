@@ -149,6 +149,17 @@ def test_grouped_decode_runs_long_spans_in_several_chunks(gen: torch.Generator) 
     assert_close(got, expected, torch.float32, case.lkv, "grouped")
 
 
+
+@pytest.mark.parametrize("chunk", [300, 0, 128.0])
+def test_grouped_decode_rejects_a_chunk_that_is_not_a_power_of_two(chunk) -> None:
+    """Each span program's keys are one tensor of ``chunk`` keys: a ValueError names the argument."""
+    from superlinear_ops.decode.grouped_kernels import grouped_decode_attention
+
+    x = torch.zeros(1, 2, 1, 16)
+    with pytest.raises(ValueError, match="chunk: expected a power of two"):
+        grouped_decode_attention(x, x, x, x, torch.zeros(1, dtype=torch.int64), None, torch.zeros(1), torch.zeros(2),
+                                 None, 4, 1, 8, chunk=chunk)
+
 def test_oracle_gate_and_spans_follow_the_spec_by_hand() -> None:
     """One head worked by hand: W = 3 (int2, sw_index 1), t = 20, stripes i = 2..4 at 16, 11, 4."""
     power = oracle.Power.of(inv_search_power_int=2)

@@ -143,6 +143,24 @@ def test_window_dq_whole_blocks_through_descriptors(tma: int, dtype: torch.dtype
     assert spy.tma == [bool(tma)]
 
 
+
+FULL_TILE_CASES = {  # W 63 over 16-key blocks: most query tiles of a key block (and key blocks of a
+    # query tile) lie inside every row's window and run without per-row masks
+    # consecutive positions from 78 (14 mod 16: a tile starts one key before a block's last key), bf16
+    "consecutive-78": TileCase(torch.bfloat16, 1, 2, 1, 64, 142, 32, 1, 7, None, False, 20, True, config=SMALL),
+    # from 80 (a 32-row tile's last window starts one key past a block's first), mask with holes, fp16
+    "consecutive-80-mask": TileCase(torch.float16, 1, 2, 1, 96, 176, 32, 2, 7, None, True, 20, True, config=MIXED),
+    # random positions (the kernels sort them) with repeats, B 2, mask, fp32
+    "random-mask": TileCase(torch.float32, 2, 2, 1, 96, 120, 32, 2, 7, None, True, 20, False, config=SMALL),
+}
+
+
+@pytest.mark.parametrize("name", list(FULL_TILE_CASES))
+def test_window_backward_full_tiles_and_inner_blocks(name: str, gen: torch.Generator) -> None:
+    """The window kernels' unmasked tiles (dK/dV) and inner key blocks (dQ) beside their edge ones."""
+    case = FULL_TILE_CASES[name]
+    check_gradients(case, make_inputs(case, gen), gen)
+
 def test_unattended_nan_keys_never_reach_a_gradient(gen: torch.Generator) -> None:
     """Static-cache tail past every position and masked-out keys hold NaN: gradients stay exact."""
     case = TileCase(torch.float32, 1, 4, 2, 24, 100, 24, 3, 3, 0.55, True, 30, False, config=SMALL)

@@ -212,8 +212,8 @@ def span_kernel(
     Q2_ptr, K_ptr, V_ptr, cand_score_ptr, cand_anchor_ptr, back_ptr, forward_ptr, first_ptr,
     cache_pos_ptr, mask_ptr, acc_ptr, m_ptr, l_ptr, chosen_ptr, win_acc_ptr, win_m_ptr, win_l_ptr, counter_ptr,
     Out_ptr, stride_qb, stride_qh, stride_kb, stride_kh, stride_kl, stride_mb,
-    H_Q, L_KV, REP, WINDOW, LAST, N_CANDIDATES, N_CHUNKS, CHUNK, N_WCHUNKS, N_SLICES, qk_scale,
-    CHUNK_KEYS: tl.constexpr, TOPK: tl.constexpr, TOPK_POW2: tl.constexpr, CAND_POW2: tl.constexpr, CHUNKS_POW2: tl.constexpr,
+    H_Q, L_KV, REP, WINDOW, LAST, N_CANDIDATES, N_CHUNKS, N_WCHUNKS, N_SLICES, qk_scale,
+    CHUNK: tl.constexpr, TOPK: tl.constexpr, TOPK_POW2: tl.constexpr, CAND_POW2: tl.constexpr, CHUNKS_POW2: tl.constexpr,
     SLICES_POW2: tl.constexpr,
     WCHUNKS_POW2: tl.constexpr, D_HEAD: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_K: tl.constexpr,
     HAS_MASK: tl.constexpr, HAS_FORWARD: tl.constexpr, FIRST_FROM_MASK: tl.constexpr, UPCAST: tl.constexpr,
@@ -243,7 +243,7 @@ def span_kernel(
                 mask=(rows[:, None] == 0) & d_mask[None, :], other=0.0)
     t = pos + 1
     back = tl.load(back_ptr + t)
-    forward = back * 0  # the forward table's entry where it counts (below, after the wait, under a mask)
+    forward = tl.zeros_like(back)  # the forward table's entry where it counts (below, after the wait, under a mask)
     if HAS_FORWARD:
         if not FIRST_FROM_MASK:
             forward = tl.load(forward_ptr + t)
@@ -268,7 +268,7 @@ def span_kernel(
     kv_base = batch * stride_kb + (head // REP) * stride_kh
     masked = HAS_MASK
     if HAS_MASK:  # one read of the chunk's mask: where it allows every key, the loop reads no mask
-        keys = lo + tl.arange(0, CHUNK_KEYS)
+        keys = lo + tl.arange(0, CHUNK)
         hidden = tl.load(mask_ptr + batch * stride_mb + keys, mask=keys <= hi, other=1) == 0
         masked = tl.max(hidden.to(tl.int32), axis=0) > 0
     if masked:
@@ -384,9 +384,11 @@ def grouped_decode_attention(
     ``decode_position`` holds the decode position in its last entry (any integer dtype);
     ``offsets`` are the stripe offsets, ``back_table``/``forward_table`` the span-length tables
     (forward None when the forward factor is 0); spans hold at most ``longest_span`` keys.
-    ``chunk`` (keys per span program) and ``pdl`` (programmatic dependent launch) default to
-    ``span_chunk_length`` and ``hopper_or_newer`` (sm_90+).
+    ``chunk`` (keys per span program, a power of two) and ``pdl`` (programmatic dependent launch)
+    default to ``span_chunk_length`` and ``hopper_or_newer`` (sm_90+).
     """
+    if chunk is not None and (not isinstance(chunk, int) or chunk < 1 or chunk & (chunk - 1)):
+        raise ValueError(f"chunk: expected a power of two (keys per span program), got {chunk!r}")
     batch, hq, _, dim = q1.shape
     hkv, lkv = k.shape[1], k.shape[2]
     device = q1.device
@@ -424,9 +426,9 @@ def grouped_decode_attention(
         q2, k, v, cand_score, cand_anchor, back_table, forward_table if has_forward else back_table, first,
         decode_position, mask, span_acc, span_m, span_l, chosen, win_acc, win_m, win_l, counter, out,
         q2.stride(0), q2.stride(1), *kv_strides,
-        hq, lkv, plan.rep, window, last, plan.n_candidates, plan.n_chunks, plan.chunk, plan.n_wchunks,
+        hq, lkv, plan.rep, window, last, plan.n_candidates, plan.n_chunks, plan.n_wchunks,
         plan.n_slices, qk_scale,
-        CHUNK_KEYS=pow2(plan.chunk), TOPK=topk, TOPK_POW2=pow2(topk), CAND_POW2=pow2(plan.n_candidates),
+        CHUNK=plan.chunk, TOPK=topk, TOPK_POW2=pow2(topk), CAND_POW2=pow2(plan.n_candidates),
         SLICES_POW2=pow2(plan.n_slices), CHUNKS_POW2=pow2(plan.n_chunks), WCHUNKS_POW2=pow2(plan.n_wchunks),
         D_HEAD=dim, BLOCK_D=plan.block_d, BLOCK_K=block_k, HAS_MASK=has_mask, HAS_FORWARD=has_forward,
         FIRST_FROM_MASK=first_from_mask, UPCAST=upcast, PDL=pdl, num_warps=num_warps, num_stages=num_stages,
