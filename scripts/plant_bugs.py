@@ -155,6 +155,8 @@ PLANTS = {
     "hardening: decode detached when a grad is required": (API, "    if requires_grad(Q1, Q2, K, V):\n", "    if False:\n", f"{INPUTS} -k decode_is_diff"),
     "hardening: empty result detached": (API, "    return out + sum(t.sum() * 0 for t in inputs)", "    return out", f"{INPUTS} -k empty_inputs"),
     "eager calls without gradients go through the custom ops": (TORCH_OPS, "    return _IMPLEMENTATIONS[op](*args)", "    return op(*args)", "tests/test_torch_ops.py -k eager_calls"),
+    "eager calls with gradients go through the custom ops": (TORCH_OPS, "return _EAGER_AUTOGRAD[op].apply(*args) if op in _EAGER_AUTOGRAD else op(*args)", "return op(*args)", "tests/test_torch_ops.py -k eager_autograd"),
+    "eager backward calls the backward custom op": (TORCH_OPS, '"backward": staticmethod(functools.partial(formula, run)),', '"backward": staticmethod(functools.partial(formula, _call_op)),', "tests/test_torch_ops.py -k eager_autograd"),
     "TMA: whole key blocks read one key late": (C, "    k = k_desc.load([row, 0])", "    k = k_desc.load([row + 1, 0])", f"{TCF_TESTS} -k descriptors"),
     "TMA: span tiles read the first batch row's keys": (TCF, "(group * L_KV).to(tl.int32),", "((group % H_KV) * L_KV).to(tl.int32),", f"{TCF_TESTS} -k descriptors"),
     "TMA: window tiles read the first batch row's keys": (WIN, "desc_row = ((batch * (H_Q // REP) + head // REP) * L_KV)", "desc_row = ((head // REP) * L_KV)", f"{TCF_TESTS} -k descriptors"),

@@ -159,11 +159,33 @@ def test_eager_calls_without_gradients_import_no_compile_machinery() -> None:
 
 
 def test_direct_calls_equal_the_custom_ops(gen: torch.Generator) -> None:
-    """``torch_ops.run`` without gradients (the implementation) and with them (the custom op, autograd
-    recording) give the same layer output."""
+    """``torch_ops.run`` without gradients (the implementation) and with them (the eager autograd
+    Function) give the same layer output."""
     q1, q2 = (torch.randn(1, 4, 40, 16, generator=gen) for _ in range(2))
     k, v = (torch.randn(1, 2, 40, 16, generator=gen) for _ in range(2))
     direct = superlinear_ops.superlinear_attention(q1, q2, k, v, torch.arange(40), None, 3, 2)
     recorded = superlinear_ops.superlinear_attention(q1, q2.requires_grad_(), k, v, torch.arange(40), None, 3, 2)
     assert recorded.grad_fn is not None and direct.grad_fn is None
     torch.testing.assert_close(direct, recorded.detach(), rtol=0, atol=0)
+
+
+def test_eager_autograd_equals_the_custom_ops_without_their_wrapper(gen: torch.Generator, monkeypatch) -> None:
+    """An eager call that autograd records runs the op's ``torch.autograd.Function`` (no custom-op
+    wrapper), whose forward and gradients equal the custom op's exactly, and its backward calls
+    the backward op's implementation directly."""
+    q, k, v, qstart, qend, cp, mask = inputs(gen)
+    leaves = [[t.clone().requires_grad_() for t in (q, k, v)] for _ in range(2)]
+    args = (qstart, qend, cp, mask, 2, None, 2, 16)
+    eager, _ = library.run(library.span_forward, *leaves[0], *args)
+    custom, _ = library.span_forward(*leaves[1], *args)
+    assert type(eager.grad_fn).__name__ == "Eager_span_forwardBackward"
+    assert "Eager" not in type(custom.grad_fn).__name__
+    grad = torch.randn(eager.shape, generator=gen)
+    calls = []
+    real = library._IMPLEMENTATIONS[library.span_backward]
+    monkeypatch.setitem(library._IMPLEMENTATIONS, library.span_backward, lambda *a: calls.append(1) or real(*a))
+    eager_grads = torch.autograd.grad(eager, leaves[0], grad)
+    assert calls == [1], f"the eager backward called span_backward's implementation {len(calls)} times, not once"
+    torch.testing.assert_close(eager, custom, rtol=0, atol=0)
+    for a, b in zip(eager_grads, torch.autograd.grad(custom, leaves[1], grad)):
+        torch.testing.assert_close(a, b, rtol=0, atol=0)
