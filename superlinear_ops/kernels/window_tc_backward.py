@@ -27,9 +27,9 @@ sorted tiles), in the dQ kernel the key blocks inside every row's window. At mod
 on the H200 (W 2032) that is about 88% of the tiles, and both kernels ran 12-14% faster
 (docs/device-runs/h200-window-full-tiles.txt). Elsewhere keys outside a row's window, past the
 last position or masked out are loaded as 0 and every per-(row, key) term is selected with
-``tl.where``, so uninitialised cache entries never reach a gradient. Q and K come with NaN and infinities already read as 0 (``finite_operands``: one pass
-before the kernels instead of a select on every tile of Q in the dK/dV kernel's loop, 12% of its
-time on the H200).
+``tl.where``, so uninitialised cache entries never reach a gradient. Q and K come with NaN and
+infinities already read as 0 (``finite_operands``: one pass before the kernels instead of a
+select on every tile of Q in the dK/dV kernel's loop, 12% of its time on the H200).
 """
 
 from __future__ import annotations
@@ -235,7 +235,7 @@ def window_dq_kernel(
     tile_hi = tl.load(tile_hi_ptr + tile)
     keys = tl.maximum(tile_hi - tile_lo + 1, 0)
     n_blocks = tl.cdiv(keys, BLOCK_N)
-    whole = keys // BLOCK_N  # blocks inside the range, the TMA path's
+    whole = keys // BLOCK_N  # whole blocks of the range (the TMA path loads only these)
     present = rows >= 0  # padding rows are never stored
     inner_lo = tl.max(tl.where(present, lo, -1), axis=0)  # keys every stored row attends
     inner_hi = tl.minimum(tl.min(tl.where(present, hi, tile_hi), axis=0), tile_hi)
