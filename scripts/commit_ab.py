@@ -7,9 +7,11 @@ configurations (an edit re-hashes the kernels it touches, and their entries woul
 back to the defaults on one side only). Per case and process: host time per call (20 calls queued
 without a sync) and the median of three do_bench medians; per side, their mean over the rounds;
 and whether the first round's outputs (O, and training's gradients under one fixed output
-gradient) equal the other side's, NaN where NaN.
+gradient) equal the other side's, NaN where NaN. With ``--kernels REGEX``, also the device time per
+call of each kernel whose name matches (PyTorch profiler, 5 calls), per side.
 
     PYTHONPATH=.:scripts python3 scripts/commit_ab.py --base HEAD~1 --rounds 2
+    PYTHONPATH=.:scripts python3 scripts/commit_ab.py --cases "training 16384" --kernels 'window_d|span_tile_backward'
 
 The earlier package comes from ``git archive BASE superlinear_ops cache`` (the repository's git
 history is needed where it runs: ``--base-dir DIR`` takes an extracted tree instead).
@@ -21,6 +23,7 @@ import argparse
 import json
 import os
 import pathlib
+import re
 import subprocess
 import sys
 import tempfile
@@ -32,15 +35,17 @@ CASES = {  # name: (queries, keys, training)
     "prefill 32768 over 1048576": (32768, 1048576, False),
     "training 4096": (4096, 4096, True),
     "training 16384": (16384, 16384, True),
+    "training 65536": (65536, 65536, True),
 }
 DEFAULT_CASES = ("prefill 8192 over 16384", "prefill 8192 over 139264", "training 4096")
 
 
-def measure(cases: list[str], out_dir: pathlib.Path, label: str) -> None:
-    """This process's side: time each case and save its outputs and timings under ``out_dir``."""
+def measure(cases: list[str], out_dir: pathlib.Path, label: str, kernels: str | None) -> None:
+    """This process's side: time each case (and the kernels matching ``kernels``) and save its
+    outputs and timings under ``out_dir``."""
     import torch
     from layer_compare import public_call, warm_gpu  # this folder's model-M helpers
-    from prefill_compare import bench
+    from prefill_compare import bench, profile
 
     import superlinear_ops
     import superlinear_ops.cache.validity as validity
@@ -64,7 +69,9 @@ def measure(cases: list[str], out_dir: pathlib.Path, label: str) -> None:
             host = (time.perf_counter() - start) / 20
             torch.cuda.synchronize()
             wall = sorted(bench(call) for _ in range(3))[1]
-        timings[name] = {"host_ms": 1e3 * host, "ms": wall}
+            per_kernel = {row["name"]: row["ms_per_call"] for row in profile(call)
+                          if re.search(kernels, row["name"])} if kernels else {}
+        timings[name] = {"host_ms": 1e3 * host, "ms": wall, "kernels": per_kernel}
         print(f"{label}: {name}: {wall:.3f} ms, host {1e3 * host:.3f} ms per call", flush=True)
     (out_dir / f"{label}.json").write_text(json.dumps(timings))
 
@@ -91,6 +98,9 @@ def compare(cases: list[str], out_dir: pathlib.Path, rounds: int) -> None:
             same = "max |diff| " + ", ".join(f"{(a.double() - b.double()).abs().max().item():.3g}" for a, b in zip(*outputs))
         print(f"{name}: base {joined(base, 'ms')} ms, this tree {joined(tree, 'ms')} ms, {ms[0] / ms[1]:.3f}x; "
               f"host per call base {joined(base, 'host_ms')}, this tree {joined(tree, 'host_ms')} ms; outputs {same}")
+        for kernel in sorted({k for run in base + tree for k in run["kernels"]}):
+            times = [" / ".join(f"{run['kernels'].get(kernel, float('nan')):.4f}" for run in runs) for runs in (base, tree)]
+            print(f"    {kernel}: base {times[0]} ms, this tree {times[1]} ms")
 
 
 def extract(base: str, into: pathlib.Path) -> pathlib.Path:
@@ -108,13 +118,15 @@ def main() -> int:
     parser.add_argument("--rounds", type=int, default=2, help="processes per side, interleaved (default: 2)")
     parser.add_argument("--cases", nargs="+", default=list(DEFAULT_CASES), choices=list(CASES), metavar="CASE",
                         help=f"cases to run, of: {'; '.join(CASES)} (default: the first two prefill cases, training 4096)")
+    parser.add_argument("--kernels", metavar="REGEX",
+                        help="also profile the kernels whose names match, e.g. 'window_d|span_tile_backward'")
     parser.add_argument("--side", help=argparse.SUPPRESS)  # internal: run one side in this process
     parser.add_argument("--out-dir", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.rounds < 1:
         parser.error("--rounds must be at least 1")
     if args.side:
-        measure(args.cases, pathlib.Path(args.out_dir), args.side)
+        measure(args.cases, pathlib.Path(args.out_dir), args.side, args.kernels)
         return 0
     with tempfile.TemporaryDirectory(prefix="commit_ab_") as tmp:
         out_dir = pathlib.Path(tmp)
@@ -126,8 +138,9 @@ def main() -> int:
         for r in range(args.rounds):
             for side, package_root in (("base", base_dir), ("tree", tree)):
                 path = os.pathsep.join([str(package_root), str(here), os.environ.get("PYTHONPATH", "")])
-                subprocess.run([sys.executable, __file__, "--side", f"{side}{r}", "--out-dir", tmp, "--cases", *args.cases],
-                               env={**os.environ, "PYTHONPATH": path}, check=True)
+                profiled = ["--kernels", args.kernels] if args.kernels else []
+                subprocess.run([sys.executable, __file__, "--side", f"{side}{r}", "--out-dir", tmp, *profiled,
+                                "--cases", *args.cases], env={**os.environ, "PYTHONPATH": path}, check=True)
         compare(args.cases, out_dir, args.rounds)
     return 0
 
