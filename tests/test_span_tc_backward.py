@@ -152,6 +152,11 @@ FULL_TILE_CASES = {  # W 63 over 16-key blocks: most query tiles of a key block 
     "consecutive-80-mask": TileCase(torch.float16, 1, 2, 1, 96, 176, 32, 2, 7, None, True, 20, True, config=MIXED),
     # random positions (the kernels sort them) with repeats, B 2, mask, fp32
     "random-mask": TileCase(torch.float32, 2, 2, 1, 96, 120, 32, 2, 7, None, True, 20, False, config=SMALL),
+    # rep 16, D 64, float path (W 53), left padding (below), 32-row tiles, dK/dV in 4 parts
+    "rep16-float-left-padding": TileCase(torch.float32, 1, 16, 1, 48, 110, 64, 2, 8, 0.55, True, 20, True,
+                                         config={**MIXED, "window_head_split": 4}),
+    # rep 4, D 96 (padded to 128), B 2, bf16, no mask: the dQ kernel's inner blocks through TMA
+    "rep4-d96-b2": TileCase(torch.bfloat16, 2, 8, 2, 48, 100, 96, 3, 7, None, False, 20, True, config=SMALL),
 }
 
 
@@ -159,7 +164,11 @@ FULL_TILE_CASES = {  # W 63 over 16-key blocks: most query tiles of a key block 
 def test_window_backward_full_tiles_and_inner_blocks(name: str, gen: torch.Generator) -> None:
     """The window kernels' unmasked tiles (dK/dV) and inner key blocks (dQ) beside their edge ones."""
     case = FULL_TILE_CASES[name]
-    check_gradients(case, make_inputs(case, gen), gen)
+    q, k, v, qstart, qend, cache_position, mask = make_inputs(case, gen)
+    if "left-padding" in name:
+        mask = torch.ones_like(mask)
+        mask[:, :7] = False
+    check_gradients(case, (q, k, v, qstart, qend, cache_position, mask), gen)
 
 def test_unattended_nan_keys_never_reach_a_gradient(gen: torch.Generator) -> None:
     """Static-cache tail past every position and masked-out keys hold NaN: gradients stay exact."""
