@@ -191,8 +191,10 @@ PLANTS = {
     "window dK/dV: full tiles up to a tile whose last window misses the block's first key": (WTB, "(last_pos - WINDOW + 1 <= key_lo)", "(last_pos - WINDOW <= key_lo)", f"{WFULL}"),
     "window dK/dV: full tiles ignore the attention mask": (WTB, "        if ROW_MASK or HAS_MASK:\n            pt = tl.where(attend, pt, 0.0)\n        dv +=", "        if ROW_MASK:\n            pt = tl.where(attend, pt, 0.0)\n        dv +=", f"{WFULL}"),
     "window dK/dV: the full tiles skipped": (WTB, "(full_lo, full_hi + 1, t_last + 1)[segment]", "(full_lo, full_lo, t_last + 1)[segment]", f"{WFULL}"),
-    "window dQ: inner blocks from the block before": (WTB, "first_inner = tl.minimum(tl.cdiv(tl.maximum(inner_lo - tile_lo, 0), BLOCK_N), whole)", "first_inner = tl.minimum(tl.maximum(inner_lo - tile_lo, 0) // BLOCK_N, whole)", f"{WFULL}"),
-    "window dQ: inner blocks up to the block after": (WTB, "tl.minimum((inner_hi - tile_lo + 1) // BLOCK_N, whole)", "tl.minimum((inner_hi - tile_lo + 1) // BLOCK_N + 1, whole)", f"{WFULL}"),
+    "inner blocks from the block before": (C, "first = tl.minimum(tl.cdiv(tl.maximum(inner_lo - tile_lo, 0), BLOCK_N), n_blocks)", "first = tl.minimum(tl.maximum(inner_lo - tile_lo, 0) // BLOCK_N, n_blocks)", f"{WFULL}"),
+    "inner blocks up to the block after": (C, "tl.minimum((inner_hi - tile_lo + 1) // BLOCK_N, n_blocks)", "tl.minimum((inner_hi - tile_lo + 1) // BLOCK_N + 1, n_blocks)", f"{WFULL}"),
+    "window dQ: edge blocks ignore the attention mask": (WTB, "attend = attend & allowed[None, :]", "attend = attend", "tests/test_span_tc_backward.py -k very_negative"),
+    "row masks: the last key of each row dropped": (C, "(offs_n[None, :] <= row_hi[:, None])", "(offs_n[None, :] < row_hi[:, None])", f"{FWD} -k tc_tiles"),
     "tuner re-tune forgets the earlier winner": (TUNE, "earlier=earlier)", "earlier=None)", "tests/test_tuner.py -k retune"),
     "hardening: topk not clamped to the stripes": (SETTINGS, "return settings if torch.compiler.is_compiling() else settings.for_keys(key_length)", "return settings", f"{INPUTS} -k huge_topk"),
 }

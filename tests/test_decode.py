@@ -150,7 +150,7 @@ def test_grouped_decode_runs_long_spans_in_several_chunks(gen: torch.Generator) 
 
 
 
-@pytest.mark.parametrize("chunk", [300, 0, 128.0])
+@pytest.mark.parametrize("chunk", [300, 0, 128.0, True])
 def test_grouped_decode_rejects_a_chunk_that_is_not_a_power_of_two(chunk) -> None:
     """Each span program's keys are one tensor of ``chunk`` keys: a ValueError names the argument."""
     from superlinear_ops.decode.grouped_kernels import grouped_decode_attention

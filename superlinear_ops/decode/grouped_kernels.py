@@ -387,7 +387,7 @@ def grouped_decode_attention(
     ``chunk`` (keys per span program, a power of two) and ``pdl`` (programmatic dependent launch)
     default to ``span_chunk_length`` and ``hopper_or_newer`` (sm_90+).
     """
-    if chunk is not None and (not isinstance(chunk, int) or chunk < 1 or chunk & (chunk - 1)):
+    if chunk is not None and (isinstance(chunk, bool) or not isinstance(chunk, int) or chunk < 1 or chunk & (chunk - 1)):
         raise ValueError(f"chunk: expected a power of two (keys per span program), got {chunk!r}")
     batch, hq, _, dim = q1.shape
     hkv, lkv = k.shape[1], k.shape[2]

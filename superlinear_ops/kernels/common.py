@@ -12,6 +12,34 @@ import triton
 import triton.language as tl
 
 LOG2E = 1.4426950408889634
+NO_KEY = tl.constexpr(2**31 - 1)  # tile-range sentinel of a row that attends nothing
+
+
+@triton.jit
+def in_rows(offs_n, row_lo, row_hi):
+    """[rows, keys]: row r attends key offs_n[j], row_lo[r] <= offs_n[j] <= row_hi[r]."""
+    return (offs_n[None, :] >= row_lo[:, None]) & (offs_n[None, :] <= row_hi[:, None])
+
+
+@triton.jit
+def tile_range(present, row_lo, row_hi):
+    """[tile_lo, tile_hi]: the keys that some ``present`` row of a tile attends (tile_hi -1 and
+    tile_lo 0 when no row is present: an empty tile never starts at NO_KEY, so no loop step, which
+    a pipeliner evaluates ahead, computes NO_KEY + BLOCK_N, which wraps to a negative key)."""
+    tile_hi = tl.max(tl.where(present, row_hi, -1), axis=0)
+    tile_lo = tl.minimum(tl.min(tl.where(present, row_lo, NO_KEY), axis=0), tile_hi + 1)
+    return tile_lo, tile_hi
+
+
+@triton.jit
+def inner_blocks(present, row_lo, row_hi, tile_lo, tile_hi, n_blocks, BLOCK_N: tl.constexpr):
+    """(first, end): the blocks first..end-1 of the ``n_blocks`` of a tile's range (block i starts
+    at key tile_lo + i * BLOCK_N) whose keys every ``present`` row attends (first == end: none)."""
+    inner_lo = tl.max(tl.where(present, row_lo, -1), axis=0)
+    inner_hi = tl.minimum(tl.min(tl.where(present, row_hi, NO_KEY), axis=0), tile_hi)
+    first = tl.minimum(tl.cdiv(tl.maximum(inner_lo - tile_lo, 0), BLOCK_N), n_blocks)
+    end = tl.maximum(tl.minimum((inner_hi - tile_lo + 1) // BLOCK_N, n_blocks), first)
+    return first, end
 
 
 @triton.jit
@@ -122,8 +150,7 @@ def attend_block(
                                   offs_d, d_mask, HAS_MASK)
     s = tc_dot(q, tl.trans(k), UPCAST)
     if ROW_MASK:
-        in_rows = (offs_n[None, :] >= row_lo[:, None]) & (offs_n[None, :] <= row_hi[:, None])
-        s = tl.where(in_rows & key_ok[None, :], s, float("-inf"))
+        s = tl.where(in_rows(offs_n, row_lo, row_hi) & key_ok[None, :], s, float("-inf"))
     else:
         s = tl.where(key_ok[None, :], s, float("-inf"))
     return online_softmax_step(acc, m, l, s, v, qk_scale, UPCAST)
@@ -144,5 +171,5 @@ def attend_described_block(
     s = tc_dot(q, tl.trans(k), UPCAST)
     if ROW_MASK:
         offs_n = start + tl.arange(0, BLOCK_N)
-        s = tl.where((offs_n[None, :] >= row_lo[:, None]) & (offs_n[None, :] <= row_hi[:, None]), s, float("-inf"))
+        s = tl.where(in_rows(offs_n, row_lo, row_hi), s, float("-inf"))
     return online_softmax_step(acc, m, l, s, v, qk_scale, UPCAST)

@@ -33,7 +33,7 @@ import torch
 import triton
 import triton.language as tl
 
-from .common import LOG2E, load_key_block, tc_dot
+from .common import LOG2E, in_rows, load_key_block, tc_dot, tile_range
 from .launch import LaunchGeometry, check_tile_config, key_value_pair
 from .span_tiles import span_tile_plan
 from .window_tc_backward import operand, window_backward
@@ -51,7 +51,6 @@ SPAN_TC_BACKWARD_DEFAULTS: dict[str, int] = {  # sm_90 (H200), bf16, D = 128, mo
     "span_sort_block": 64,  # span tiles sort by (start // 64, end): tiles cover 1.07x the keys their rows attend
 }
 SPAN_TC_BACKWARD_TUNABLES = tuple(SPAN_TC_BACKWARD_DEFAULTS)
-NO_KEY = tl.constexpr(2**31 - 1)
 
 
 @triton.jit
@@ -107,10 +106,7 @@ def span_tile_backward_kernel(
     lo = tl.load(lo_ptr + plan, mask=row_ok, other=0)
     hi = tl.load(hi_ptr + plan, mask=row_ok, other=-1)
     present = hi >= lo
-    tile_hi = tl.max(tl.where(present, hi, -1), axis=0)
-    # An empty tile would start at NO_KEY: bound it by tile_hi + 1 so that no loop step (a pipeliner
-    # evaluates the next ones ahead) computes NO_KEY + BLOCK_N, which wraps to a negative key.
-    tile_lo = tl.minimum(tl.min(tl.where(present, lo, NO_KEY), axis=0), tile_hi + 1)
+    tile_lo, tile_hi = tile_range(present, lo, hi)
 
     head = kv_head * REP + triple // (L_Q * K_SPANS)
     query = (triple // K_SPANS) % L_Q
@@ -133,7 +129,7 @@ def span_tile_backward_kernel(
         in_range = offs_n <= tile_hi
         k, v, key_ok = load_key_block(K_ptr, V_ptr, kv_base, stride_kl, mask_ptr, batch * stride_mb, offs_n,
                                 in_range, offs_d, d_mask, HAS_MASK)
-        attend = (offs_n[None, :] >= lo[:, None]) & (offs_n[None, :] <= hi[:, None]) & (key_ok[None, :] & live[:, None])
+        attend = in_rows(offs_n, lo, hi) & (key_ok[None, :] & live[:, None])
         s2 = tc_dot(q, tl.trans(k), UPCAST) * qk_scale
         p = tl.where(attend, tl.exp2(s2 - lse[:, None]), 0.0)
         dp = tc_dot(do, tl.trans(v), UPCAST)

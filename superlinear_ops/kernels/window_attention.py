@@ -31,10 +31,8 @@ import torch
 import triton
 import triton.language as tl
 
-from .common import LOG2E, attend_block, attend_described_block
+from .common import LOG2E, attend_block, attend_described_block, inner_blocks, tile_range
 from .launch import LaunchGeometry, hopper_or_newer
-
-NO_KEY = tl.constexpr(2**31 - 1)  # tile-range sentinel of a row that attends nothing
 
 
 @triton.jit
@@ -75,13 +73,9 @@ def attend_rows(
     (0, -inf, 0), whatever the shared blocks held. Returns (acc, m, l), log2 domain.
     """
     present = row_hi >= row_lo
-    tile_hi = tl.max(tl.where(present, row_hi, -1), axis=0)
-    tile_lo = tl.minimum(tl.min(tl.where(present, row_lo, NO_KEY), axis=0), tile_hi + 1)
-    inner_lo = tl.max(tl.where(present, row_lo, -1), axis=0)  # keys every present row attends
-    inner_hi = tl.min(tl.where(present, row_hi, NO_KEY), axis=0)
+    tile_lo, tile_hi = tile_range(present, row_lo, row_hi)
     n_blocks = tl.cdiv(tile_hi - tile_lo + 1, BLOCK_N)
-    first_inner = tl.minimum(tl.cdiv(inner_lo - tile_lo, BLOCK_N), n_blocks)
-    end_inner = tl.maximum(tl.minimum((inner_hi - tile_lo + 1) // BLOCK_N, n_blocks), first_inner)
+    first_inner, end_inner = inner_blocks(present, row_lo, row_hi, tile_lo, tile_hi, n_blocks, BLOCK_N)
     acc = tl.zeros((BLOCK_M, BLOCK_D), dtype=tl.float32)
     m = tl.full((BLOCK_M,), float("-inf"), tl.float32)
     l = tl.zeros((BLOCK_M,), dtype=tl.float32)

@@ -40,7 +40,7 @@ import torch
 import triton
 import triton.language as tl
 
-from .common import LOG2E, finite_or_zero, load_key_block, tc_dot
+from .common import LOG2E, finite_or_zero, in_rows, inner_blocks, load_key_block, tc_dot
 from .window_attention import key_value_descriptors
 
 SCAN_TILES = tl.constexpr(64)  # query tiles whose positions _full_tiles reads at once
@@ -188,22 +188,25 @@ def _dq_blocks(
     attends every key of the blocks that the attention mask allows."""
     for i in range(first, end):
         offs_n = tile_lo + i * BLOCK_N + tl.arange(0, BLOCK_N)
-        if TMA:
+        if TMA:  # only without an attention mask (key_value_descriptors)
             k = k_desc.load([desc_row + tile_lo + i * BLOCK_N, 0])
             v = v_desc.load([desc_row + tile_lo + i * BLOCK_N, 0])
-            key_ok = offs_n >= 0
         else:
-            k, v, key_ok = load_key_block(K_ptr, V_ptr, kv_base, stride_kl, mask_ptr, mask_base, offs_n,
-                                          offs_n <= tile_hi, offs_d, d_mask, HAS_MASK)
+            k, v, allowed = load_key_block(K_ptr, V_ptr, kv_base, stride_kl, mask_ptr, mask_base, offs_n,
+                                           offs_n <= tile_hi, offs_d, d_mask, HAS_MASK)
             k = finite_or_zero(k)  # K is finite already; this select measured 5% faster on the H200 than none
         s2 = tc_dot(q, tl.trans(k), UPCAST) * qk_scale
         p = tl.exp2(s2 - c[:, None])
         dp = tc_dot(dos, tl.trans(v), UPCAST)
         ds = p * (dp - delta[:, None])
+        # Keys past tile_hi lie past every row's hi; p of a masked-out key (read as 0) can overflow: exp2(0 - c).
         if ROW_MASK:
-            ds = tl.where((offs_n[None, :] >= lo[:, None]) & (offs_n[None, :] <= hi[:, None]) & key_ok[None, :], ds, 0.0)
-        elif HAS_MASK:  # p of a masked-out key (read as 0) can overflow: exp2(0 - c)
-            ds = tl.where(key_ok[None, :], ds, 0.0)
+            attend = in_rows(offs_n, lo, hi)
+            if HAS_MASK:
+                attend = attend & allowed[None, :]
+            ds = tl.where(attend, ds, 0.0)
+        elif HAS_MASK:
+            ds = tl.where(allowed[None, :], ds, 0.0)
         dq += tc_dot(operand(ds, k, UPCAST), k, UPCAST)
     return dq
 
@@ -236,11 +239,8 @@ def window_dq_kernel(
     keys = tl.maximum(tile_hi - tile_lo + 1, 0)
     n_blocks = tl.cdiv(keys, BLOCK_N)
     whole = keys // BLOCK_N  # whole blocks of the range (the TMA path loads only these)
-    present = rows >= 0  # padding rows are never stored
-    inner_lo = tl.max(tl.where(present, lo, -1), axis=0)  # keys every stored row attends
-    inner_hi = tl.minimum(tl.min(tl.where(present, hi, tile_hi), axis=0), tile_hi)
-    first_inner = tl.minimum(tl.cdiv(tl.maximum(inner_lo - tile_lo, 0), BLOCK_N), whole)
-    end_inner = tl.maximum(tl.minimum((inner_hi - tile_lo + 1) // BLOCK_N, whole), first_inner)
+    # whole blocks of keys that every stored row attends (padding rows are never stored)
+    first_inner, end_inner = inner_blocks(rows >= 0, lo, hi, tile_lo, tile_hi, whole, BLOCK_N)
     dq = tl.zeros((BLOCK_M, BLOCK_D), dtype=tl.float32)
     for segment in tl.static_range(4):  # edge blocks, inner blocks, edge blocks, the partial block
         dq = _dq_blocks(

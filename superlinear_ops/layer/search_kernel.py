@@ -30,12 +30,11 @@ from ..buckets import next_power_of_two
 from ..kernels.common import tc_dot
 from ..kernels.launch import KernelConfig, check_tile_config, mask_bytes, unit_stride
 from ..settings import SpanSettings
-from .gate_ops import EMPTY_SCORE as EMPTY_SLOT_SCORE
+from .gate_kernel import EMPTY_SCORE
 from .search import Found
 
 SEARCH_TUNABLES = ("block_q", "block_h", "num_warps", "num_stages")
 EMPTY_SLOT = tl.constexpr(-(1 << 30))  # padding slots' key: never the worst, never an anchor
-EMPTY_SCORE = tl.constexpr(EMPTY_SLOT_SCORE)
 QUERY_BLOCK = 1024  # queries per program of query_tables_kernel
 
 
