@@ -51,8 +51,8 @@ def _backward_segment(
             dv += tl.where(live, p[:, None] * do[None, :], 0.0)
         dq += tl.sum(ds[:, None] * k, axis=0)
         dkv_offsets = dkv_base + offs_k[:, None].to(tl.int64) * D_HEAD + offs_d[None, :]
-        tl.atomic_add(dK_ptr + dkv_offsets, ds[:, None] * q * sm_scale, mask=kv_mask)
-        tl.atomic_add(dV_ptr + dkv_offsets, dv, mask=kv_mask)
+        tl.atomic_add(dK_ptr + dkv_offsets, ds[:, None] * q * sm_scale, mask=kv_mask, sem="relaxed")
+        tl.atomic_add(dV_ptr + dkv_offsets, dv, mask=kv_mask, sem="relaxed")
     return dq
 
 
@@ -108,7 +108,7 @@ def span_backward_kernel(
     if SPANS_PER_PROGRAM == K_SPANS:
         tl.store(dq_ptrs, dq * sm_scale, mask=d_mask)
     else:
-        tl.atomic_add(dq_ptrs, dq * sm_scale, mask=d_mask)
+        tl.atomic_add(dq_ptrs, dq * sm_scale, mask=d_mask, sem="relaxed")
 
 
 def span_backward(
