@@ -85,7 +85,7 @@ TC_SPACE = (  # the window kernels' tiles, then the span-tile kernel's (forward 
     Param("span_stages", (2, 3)),
 )
 # The backward declares the same tiles (its faults with 3-stage span pipelines on the H200, an empty
-# tile's NO_KEY start whose next loop step wrapped int32, are fixed in span_tile_backward_kernel),
+# tile's NO_KEY start whose next loop step wrapped int32, are fixed: kernels/common.tile_range),
 # how many parts the window dK/dV kernel splits a KV group's heads into, and the span tiles' sort.
 TC_BACKWARD_SPACE = TC_SPACE + (
     Param("window_head_split", (1, 2, 4, 8, 16)),

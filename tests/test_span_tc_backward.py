@@ -171,13 +171,13 @@ def test_window_backward_full_tiles_and_inner_blocks(name: str, gen: torch.Gener
     check_gradients(case, (q, k, v, qstart, qend, cache_position, mask), gen)
 
 def test_masked_keys_beside_very_negative_scores_pass_no_gradient(gen: torch.Generator) -> None:
-    """Every attended score near -120 (a log2 log-sum-exp near -173): a masked-out key, read as 0,
+    """Every attended score near -208 (a log2 log-sum-exp near -300): a masked-out key, read as 0,
     scores 0 and its probability exp2(0 - c) overflows fp32, so each kernel must drop it by the mask
-    itself, not by a weight that the overflow turns into NaN. Mask with holes, fp16, consecutive
-    rows; the large component is exact in fp16 (Q's -1176, K's 1), so only the kernels round."""
+    itself, not by a weight that the overflow turns into NaN. Mask with holes, fp16, D 32,
+    consecutive rows; the large component is exact in fp16 (Q's -1176, K's 1), so only the kernels round."""
     case = FULL_TILE_CASES["consecutive-80-mask"]
     q, k, v, qstart, qend, cache_position, mask = make_inputs(case, gen)
-    q[..., 0], k[..., 0] = -1176.0, 1.0  # 1176 / sqrt(96) = 120
+    q[..., 0], k[..., 0] = -1176.0, 1.0  # 1176 / sqrt(32) = 208
     assert (~mask).any(), "the mask has holes"
     check_gradients(case, (q, k, v, qstart, qend, cache_position, mask), gen)
 
