@@ -193,7 +193,7 @@ PLANTS = {
     "window dK/dV: the full tiles skipped": (WTB, "(full_lo, full_hi + 1, t_last + 1)[segment]", "(full_lo, full_lo, t_last + 1)[segment]", f"{WFULL}"),
     "inner blocks from the block before": (C, "first = tl.minimum(tl.cdiv(tl.maximum(inner_lo - tile_lo, 0), BLOCK_N), n_blocks)", "first = tl.minimum(tl.maximum(inner_lo - tile_lo, 0) // BLOCK_N, n_blocks)", f"{WFULL}"),
     "inner blocks up to the block after": (C, "tl.minimum((inner_hi - tile_lo + 1) // BLOCK_N, n_blocks)", "tl.minimum((inner_hi - tile_lo + 1) // BLOCK_N + 1, n_blocks)", f"{WFULL}"),
-    "gate-score backward: dK atomics in Triton's default order": ("superlinear_ops/layer/gate_kernel.py", ', mask=rd_used,\n                      sem="relaxed")', ", mask=rd_used)", "tests/test_kernel_atomics.py"),
+    "gate-score backward: dK atomics in Triton's default order": (LGK, ', mask=rd_used,\n                      sem="relaxed")', ", mask=rd_used)", "tests/test_kernel_atomics.py"),
     "window dQ: edge blocks ignore the attention mask": (WTB, "attend = attend & allowed[None, :]", "attend = attend", "tests/test_span_tc_backward.py -k very_negative"),
     "row masks: the last key of each row dropped": (C, "(offs_n[None, :] <= row_hi[:, None])", "(offs_n[None, :] < row_hi[:, None])", f"{FWD} -k tc_tiles"),
     "tuner re-tune forgets the earlier winner": (TUNE, "earlier=earlier)", "earlier=None)", "tests/test_tuner.py -k retune"),
