@@ -49,6 +49,7 @@ FWD = f"{VARIANTS} -k span_forward"
 LAUNCH = "superlinear_ops/kernels/launch.py"
 WTB = "superlinear_ops/kernels/window_tc_backward.py"
 WFULL = "tests/test_span_tc_backward.py -k full_tiles"
+WTABLES = "tests/test_span_tc_backward.py -k window_tables"
 API = "superlinear_ops/api.py"
 HAPI = "tests/test_hardening_api.py"
 SETTINGS = "superlinear_ops/settings.py"
@@ -195,6 +196,12 @@ PLANTS = {
     "inner blocks up to the block after": (C, "tl.minimum((inner_hi - tile_lo + 1) // BLOCK_N, n_blocks)", "tl.minimum((inner_hi - tile_lo + 1) // BLOCK_N + 1, n_blocks)", f"{WFULL}"),
     "gate-score backward: dK atomics in Triton's default order": (LGK, ', mask=rd_used,\n                      sem="relaxed")', ", mask=rd_used)", "tests/test_kernel_atomics.py"),
     "window dQ: edge blocks ignore the attention mask": (WTB, "attend = attend & allowed[None, :]", "attend = attend", "tests/test_span_tc_backward.py -k very_negative"),
+    "window tables: a tile ending at a block's first key counted before it": (WTB, "passes = (tile_hi < key) if BY_HI", "passes = (tile_hi <= key) if BY_HI", f"{WTABLES}"),
+    "window tables: the run of tiles ends one tile early": (WTB, "DQ_ROWS - 1, N_DKDV_TILES, L_Q, WINDOW, DKDV_ROWS, False, STEPS) - 1", "DQ_ROWS - 1, N_DKDV_TILES, L_Q, WINDOW, DKDV_ROWS, False, STEPS) - 2", f"{WTABLES}"),
+    "window tables: one halving too few": (WTB, "STEPS=max(1, n_dkdv_tiles.bit_length())", "STEPS=max(1, n_dkdv_tiles.bit_length() - 1)", f"{WTABLES}"),
+    "window tables: a dQ tile's range ends one row early": (WTB, "tl.minimum(tile * ROWS + ROWS - 1, L_Q - 1)", "tl.minimum(tile * ROWS + ROWS - 2, L_Q - 1)", f"{WTABLES}"),
+    "window tables: positions not clamped before the sort": (WTB, "torch.sort(cache_position.clamp(max=key_length - 1), stable=True)", "torch.sort(cache_position, stable=True)", f"{WTABLES}"),
+    "window tables: no window read as a window of one key": (WTB, "return lo, tl.where(WINDOW > 0, last, lo - 1)", "return lo, tl.where(WINDOW >= 0, last, lo - 1)", f"{WTABLES}"),
     "row masks: the last key of each row dropped": (C, "(offs_n[None, :] <= row_hi[:, None])", "(offs_n[None, :] < row_hi[:, None])", f"{FWD} -k tc_tiles"),
     "tuner re-tune forgets the earlier winner": (TUNE, "earlier=earlier)", "earlier=None)", "tests/test_tuner.py -k retune"),
     "hardening: topk not clamped to the stripes": (SETTINGS, "return settings if torch.compiler.is_compiling() else settings.for_keys(key_length)", "return settings", f"{INPUTS} -k huge_topk"),

@@ -62,9 +62,17 @@ def _register_autograd(op, formula, setup_context) -> None:
     ``call``: registered for the custom op with the custom ops themselves (what torch.compile and
     opcheck trace) and, for ``run``'s eager ``torch.autograd.Function``, with ``run``."""
     torch.library.register_autograd(op, functools.partial(formula, _call_op), setup_context=setup_context)
-    _EAGER_AUTOGRAD[op] = type(f"Eager_{_IMPLEMENTATIONS[op].__name__}", (torch.autograd.Function,), {
-        "forward": staticmethod(_IMPLEMENTATIONS[op]),
-        "setup_context": staticmethod(setup_context),
+    implementation = _IMPLEMENTATIONS[op]
+
+    def forward(ctx, *args):
+        output = implementation(*args)
+        setup_context(ctx, args, output)
+        return output
+
+    # forward(ctx, ...) with the context set up inside it: a separate setup_context would make every
+    # apply() bind its arguments to the forward's signature (inspect: 34 us per apply on the H200's host, 7 without)
+    _EAGER_AUTOGRAD[op] = type(f"Eager_{implementation.__name__}", (torch.autograd.Function,), {
+        "forward": staticmethod(forward),
         "backward": staticmethod(functools.partial(formula, run)),
     })
 

@@ -9,6 +9,7 @@ from tile_cases import TileCase, random_spans
 
 from superlinear_ops.kernels.launch import LaunchGeometry
 from superlinear_ops.kernels.span_tc_backward import SPAN_TC_BACKWARD_DEFAULTS, span_backward_tc
+from superlinear_ops.kernels.window_tc_backward import window_tables
 from superlinear_ops.reference import span_backward_reference, span_forward_reference
 
 SMALL = {**SPAN_TC_BACKWARD_DEFAULTS, "window_block_m": 16, "window_block_n": 16,
@@ -203,6 +204,54 @@ def test_unattended_nan_keys_never_reach_a_gradient(gen: torch.Generator) -> Non
     for name, got, want in zip("QKV", grads, expected):
         assert_grad_close(got, want, case.dtype, f"d{name}")
     assert torch.equal(grads[1][:, :, dead], torch.zeros_like(grads[1][:, :, dead]))
+
+
+TABLE_CASES = {  # name: (queries, keys, window, dK/dV tile rows, dQ tile rows / key block keys)
+    # unsorted positions with repeats and past the last key, tiles not dividing Lq, several key blocks per tile
+    "random": (70, 90, 12, 16, 8),
+    # no window: every tile's range is empty (hi < lo), no key block is touched
+    "no-window": (40, 64, 0, 16, 16),
+    # more queries and key blocks than one program of the tables kernel holds (TABLE_BLOCK 1024)
+    "two-programs": (1500, 1100, 40, 32, 1),
+    # one query
+    "one-query": (1, 30, 5, 32, 16),
+}
+
+
+@pytest.mark.parametrize("name", list(TABLE_CASES))
+def test_window_tables_match_their_definition(name: str, gen: torch.Generator) -> None:
+    """One launch's tables against the definitions, by broadcast comparisons: positions clamped and
+    sorted stably, each tile's key range, and per key block the tiles before it (hi < its first key)
+    and up to it (lo <= its last key)."""
+    lq, lkv, window, dkdv_rows, dq_rows = TABLE_CASES[name]
+    cache_position = torch.randint(0, lkv + 5, (lq,), generator=gen, dtype=torch.int32)
+    with poisoned_allocations(integer=-(2**31)):
+        tables = window_tables(cache_position, lkv, window, dkdv_rows, dq_rows)
+    clamped = cache_position.long().clamp(max=lkv - 1)
+    perm = tables.perm.long()
+    assert tables.perm.dtype == torch.int32 and sorted(perm.tolist()) == list(range(lq)), "perm: a permutation"
+    assert torch.equal(tables.pos.long(), clamped[perm]), "pos: the clamped positions in perm's order"
+    ties = tables.pos[1:] == tables.pos[:-1]
+    assert bool((tables.pos[1:] >= tables.pos[:-1]).all()) and bool((perm[1:][ties] > perm[:-1][ties]).all()), "stable sort"
+
+    def ranges(rows: int) -> tuple[torch.Tensor, torch.Tensor]:
+        first_row = torch.arange(0, lq, rows)
+        lo = (tables.pos.long()[first_row] - window + 1).clamp(min=0)
+        last_row = (first_row + rows - 1).clamp(max=lq - 1)
+        return lo, tables.pos.long()[last_row] if window > 0 else lo - 1
+
+    dq_lo, dq_hi = ranges(dq_rows)
+    assert torch.equal(tables.dq_lo.long(), dq_lo) and torch.equal(tables.dq_hi.long(), dq_hi), "dQ tile ranges"
+    lo, hi = ranges(dkdv_rows)
+    block_first = torch.arange(0, lkv, dq_rows)
+    first = (hi[None, :] < block_first[:, None]).sum(dim=1)
+    last = (lo[None, :] <= block_first[:, None] + dq_rows - 1).sum(dim=1) - 1
+    assert torch.equal(tables.first.long(), first), "first tile per key block"
+    assert torch.equal(tables.last.long(), last), "last tile per key block"
+    if window > 0:  # every tile that touches a block lies in its run [first, last]
+        touches = (lo[None, :] <= block_first[:, None] + dq_rows - 1) & (hi[None, :] >= block_first[:, None])
+        tile = torch.arange(lo.numel())[None, :]
+        assert bool((~touches | ((tile >= first[:, None]) & (tile <= last[:, None]))).all()), "touching tiles in the run"
 
 
 BAD_VALUES = {  # tunable -> (bad value, what the message says)

@@ -171,8 +171,7 @@ def span_backward_tc(
     batch, hq, lq, dim = q.shape
     hkv, lkv = k.shape[1], k.shape[2]
     n_spans = geo.qstart.shape[-1]
-    dk32 = torch.zeros(batch, hkv, lkv, dim, device=q.device, dtype=torch.float32)
-    dv32 = torch.zeros_like(dk32)
+    dk32, dv32 = torch.zeros(2, batch, hkv, lkv, dim, device=q.device, dtype=torch.float32)  # one memset for both
     if q.numel() == 0 or lkv == 0 or n_spans == 0:
         return torch.zeros_like(q), dk32.to(k.dtype), dv32.to(v.dtype)
     grad_out, out, lse2 = grad_out.contiguous(), out.contiguous(), lse2.contiguous()

@@ -6,8 +6,9 @@ gradients summed over the K spans are one flash-backward row per (b, h, q) with 
 
 Queries are visited in the order of their (clamped) positions, so each tile of ``BLOCK`` sorted
 queries covers the key range [max(first pos - W + 1, 0), last pos] and the tiles that touch a key
-block are one contiguous run, found by ``searchsorted``: any ``cache_position`` works, and
-consecutive positions give the usual banded sliding window.
+block are one contiguous run, found by a binary search (``window_tables_kernel``, one launch for
+both kernels' tables): any ``cache_position`` works, and consecutive positions give the usual
+banded sliding window.
 
 - ``window_dkdv_kernel``: one program per (key block of ``window_block_n``, KV head and part of its
   group's heads, batch) walks the query tiles (``window_block_m`` rows) of its heads that touch its
@@ -35,6 +36,7 @@ select on every tile of Q in the dK/dV kernel's loop, 12% of its time on the H20
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 
 import torch
 import triton
@@ -255,13 +257,87 @@ def window_dq_kernel(
     tl.store(dQout_ptr + offsets, dq.to(dQout_ptr.dtype.element_ty), mask=rd_mask)
 
 
-def sorted_tiles(pos: torch.Tensor, block: int, window: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """Key range [lo, hi] (int32, nondecreasing) of each tile of ``block`` sorted positions ``pos``."""
-    lq = pos.numel()
-    starts = torch.arange(0, lq, block, device=pos.device)
-    lo = (pos[starts] - window + 1).clamp(min=0)
-    hi = pos[(starts + block - 1).clamp(max=lq - 1)] if window > 0 else lo - 1
-    return lo.to(torch.int32).contiguous(), hi.to(torch.int32).contiguous()
+TABLE_BLOCK = 1024  # entries per program of window_tables_kernel
+
+
+@triton.jit
+def _tile_range(spos_ptr, tile, ok, L_Q, WINDOW, ROWS: tl.constexpr):
+    """Key range [lo, hi] (int64) of sorted query tiles ``tile`` of ``ROWS`` rows: from the first
+    row's window start to the last row's position (hi < lo: no key, when WINDOW is 0)."""
+    first = tl.load(spos_ptr + tile * ROWS, mask=ok, other=0).to(tl.int64)
+    last = tl.load(spos_ptr + tl.minimum(tile * ROWS + ROWS - 1, L_Q - 1), mask=ok, other=0).to(tl.int64)
+    lo = tl.maximum(first - WINDOW + 1, 0)
+    return lo, tl.where(WINDOW > 0, last, lo - 1)
+
+
+@triton.jit
+def _tiles_before(spos_ptr, key, n_tiles, L_Q, WINDOW, ROWS: tl.constexpr, BY_HI: tl.constexpr, STEPS: tl.constexpr):
+    """How many of the ``n_tiles`` tiles have hi < key (``BY_HI``) or lo <= key (else): a binary
+    search of ``STEPS`` halvings over the tiles' nondecreasing bounds."""
+    lo_i = tl.zeros(key.shape, dtype=tl.int32)
+    hi_i = lo_i + n_tiles
+    for _ in tl.static_range(STEPS):  # invariant: tiles [0, lo_i) pass, tiles [hi_i, n_tiles) fail
+        open_ = lo_i < hi_i
+        mid = (lo_i + hi_i) // 2
+        tile_lo, tile_hi = _tile_range(spos_ptr, mid, open_, L_Q, WINDOW, ROWS)
+        passes = (tile_hi < key) if BY_HI else (tile_lo <= key)
+        lo_i = tl.where(open_ & passes, mid + 1, lo_i)
+        hi_i = tl.where(open_ & ~passes, mid, hi_i)
+    return lo_i
+
+
+@triton.jit
+def window_tables_kernel(
+    spos_ptr, perm_ptr, perm32_ptr, first_ptr, last_ptr, dq_lo_ptr, dq_hi_ptr,
+    L_Q, WINDOW, N_KEY_BLOCKS, N_DKDV_TILES, N_DQ_TILES,
+    DKDV_ROWS: tl.constexpr, DQ_ROWS: tl.constexpr, STEPS: tl.constexpr, BLOCK: tl.constexpr,
+):
+    """Everything the two window kernels read besides the sorted positions ``spos``, in one launch:
+    the sorted queries' indices as int32; per key block of ``DQ_ROWS`` keys (the dK/dV kernel's
+    blocks: its key block is the dQ kernel's query tile) the run [first, last] of the ``DKDV_ROWS``-
+    row query tiles that touch it; per ``DQ_ROWS``-row query tile its key range [lo, hi] (int32)."""
+    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    in_q = offs < L_Q
+    tl.store(perm32_ptr + offs, tl.load(perm_ptr + offs, mask=in_q, other=0).to(tl.int32), mask=in_q)
+    in_kb = offs < N_KEY_BLOCKS
+    key_lo = offs.to(tl.int64) * DQ_ROWS
+    first = _tiles_before(spos_ptr, key_lo, N_DKDV_TILES, L_Q, WINDOW, DKDV_ROWS, True, STEPS)
+    last = _tiles_before(spos_ptr, key_lo + DQ_ROWS - 1, N_DKDV_TILES, L_Q, WINDOW, DKDV_ROWS, False, STEPS) - 1
+    tl.store(first_ptr + offs, first, mask=in_kb)
+    tl.store(last_ptr + offs, last, mask=in_kb)
+    in_tile = offs < N_DQ_TILES
+    lo, hi = _tile_range(spos_ptr, offs, in_tile, L_Q, WINDOW, DQ_ROWS)
+    tl.store(dq_lo_ptr + offs, lo.to(tl.int32), mask=in_tile)
+    tl.store(dq_hi_ptr + offs, hi.to(tl.int32), mask=in_tile)
+
+
+@dataclass(frozen=True)
+class WindowTables:
+    """The window kernels' query order and tile tables (``window_tables``)."""
+
+    pos: torch.Tensor  # [Lq] positions clamped to Lkv - 1, sorted
+    perm: torch.Tensor  # [Lq] int32: the query at each sorted place
+    first: torch.Tensor  # [key blocks] int32: the first dK/dV query tile touching each key block
+    last: torch.Tensor  # [key blocks] int32: the last one (last < first: none)
+    dq_lo: torch.Tensor  # [dQ query tiles] int32: each dQ tile's key range [lo, hi]
+    dq_hi: torch.Tensor
+
+
+def window_tables(cache_position: torch.Tensor, key_length: int, window: int, dkdv_rows: int, dq_rows: int) -> WindowTables:
+    """Sort the queries by clamped position (stable) and build both window kernels' tables with one
+    launch of ``window_tables_kernel``: dK/dV query tiles of ``dkdv_rows`` rows against key blocks of
+    ``dq_rows`` keys, dQ query tiles of ``dq_rows`` rows. For Lq >= 1 and Lkv >= 1."""
+    pos, perm = torch.sort(cache_position.clamp(max=key_length - 1), stable=True)
+    lq, device = pos.numel(), pos.device
+    n_key_blocks, n_dkdv_tiles, n_dq_tiles = triton.cdiv(key_length, dq_rows), triton.cdiv(lq, dkdv_rows), triton.cdiv(lq, dq_rows)
+    perm32 = torch.empty(lq, device=device, dtype=torch.int32)
+    first, last = (torch.empty(n_key_blocks, device=device, dtype=torch.int32) for _ in range(2))
+    dq_lo, dq_hi = (torch.empty(n_dq_tiles, device=device, dtype=torch.int32) for _ in range(2))
+    window_tables_kernel[(triton.cdiv(max(lq, n_key_blocks), TABLE_BLOCK),)](
+        pos, perm, perm32, first, last, dq_lo, dq_hi, lq, window, n_key_blocks, n_dkdv_tiles, n_dq_tiles,
+        DKDV_ROWS=dkdv_rows, DQ_ROWS=dq_rows, STEPS=max(1, n_dkdv_tiles.bit_length()), BLOCK=TABLE_BLOCK, num_warps=4,
+    )
+    return WindowTables(pos, perm32, first, last, dq_lo, dq_hi)
 
 
 def window_backward(geo, config, dos, c, delta_s, dq32, dk32, dv32, dq, dk, dv, upcast: bool) -> None:
@@ -274,31 +350,24 @@ def window_backward(geo, config, dos, c, delta_s, dq32, dk32, dv32, dq, dk, dv, 
     batch, hq, lq, dim = q.shape
     hkv, lkv = k.shape[1], k.shape[2]
     block_m, block_n = config["window_block_m"], config["window_block_n"]
-    pos, perm = torch.sort(geo.cache_position.clamp(max=lkv - 1), stable=True)
-    perm = perm.to(torch.int32)
+    tables = window_tables(geo.cache_position, lkv, geo.window, block_m, block_n)
     strides = (q.stride(0), q.stride(1), q.stride(2), k.stride(0), k.stride(1), k.stride(2), geo.mask_stride)
     scales = (LOG2E / math.sqrt(dim), 1.0 / math.sqrt(dim))
     common = {"D_HEAD": dim, "BLOCK_D": max(16, triton.next_power_of_2(dim)), "HAS_MASK": geo.has_mask,
               "UPCAST": upcast, "num_warps": config["window_warps"], "num_stages": config["window_stages"]}
-
-    tile_lo, tile_hi = sorted_tiles(pos, block_m, geo.window)
-    key_starts = torch.arange(0, lkv, block_n, device=q.device, dtype=torch.int32)
-    first = torch.searchsorted(tile_hi, key_starts).to(torch.int32)
-    last = (torch.searchsorted(tile_lo, key_starts + block_n - 1, right=True) - 1).to(torch.int32)
     part_heads = triton.cdiv(geo.rep, config["window_head_split"])
     parts = triton.cdiv(geo.rep, part_heads)
     window_dkdv_kernel[(triton.cdiv(lkv, block_n), hkv * parts, batch)](
-        q, k, geo.v, geo.mask, dos, c, delta_s, perm, pos, first, last, dk32, dv32, dk, dv,
+        q, k, geo.v, geo.mask, dos, c, delta_s, tables.perm, tables.pos, tables.first, tables.last, dk32, dv32, dk, dv,
         *strides, hkv, lq, lkv, geo.rep, parts, part_heads, geo.window, *scales,
         BLOCK_M=block_m, BLOCK_N=block_n, ATOMIC_ADD=parts > 1, **common,
     )
     if parts > 1:
         dk.copy_(dk32)
         dv.copy_(dv32)
-    tile_lo, tile_hi = sorted_tiles(pos, block_n, geo.window)
     descriptors = key_value_descriptors(geo, block_m)
     window_dq_kernel[(triton.cdiv(lq, block_n), hq, batch)](
-        q, k, geo.v, *(descriptors or (k, geo.v)), geo.mask, dos, c, delta_s, perm, pos, tile_lo, tile_hi, dq32, dq,
-        *strides, hq, lq, lkv, geo.rep, geo.window, *scales,
+        q, k, geo.v, *(descriptors or (k, geo.v)), geo.mask, dos, c, delta_s, tables.perm, tables.pos, tables.dq_lo,
+        tables.dq_hi, dq32, dq, *strides, hq, lq, lkv, geo.rep, geo.window, *scales,
         BLOCK_M=block_n, BLOCK_N=block_m, KV_TMA=descriptors is not None, **common,
     )
