@@ -31,6 +31,7 @@ from .settings import SpanSettings
 NAMESPACE = "superlinear_ops"
 _IMPLEMENTATIONS: dict = {}  # custom op -> the function it wraps
 _EAGER_AUTOGRAD: dict = {}  # custom op -> a torch.autograd.Function of its implementation and formula
+_TRANSFORMABLE_AUTOGRAD: dict = {}  # the same with a separate setup_context, as torch.func (grad, vmap) requires
 
 
 def _custom_op(name: str):
@@ -49,7 +50,8 @@ def run(op, *args):
     if torch.compiler.is_compiling():
         return op(*args)
     if torch.is_grad_enabled() and any(isinstance(a, Tensor) and a.requires_grad for a in args):
-        return _EAGER_AUTOGRAD[op].apply(*args) if op in _EAGER_AUTOGRAD else op(*args)
+        functions = _TRANSFORMABLE_AUTOGRAD if torch._C._are_functorch_transforms_active() else _EAGER_AUTOGRAD
+        return functions[op].apply(*args) if op in functions else op(*args)
     return _IMPLEMENTATIONS[op](*args)
 
 
@@ -69,11 +71,13 @@ def _register_autograd(op, formula, setup_context) -> None:
         setup_context(ctx, args, output)
         return output
 
-    # forward(ctx, ...) with the context set up inside it: a separate setup_context would make every
-    # apply() bind its arguments to the forward's signature (inspect: 34 us per apply on the H200's host, 7 without)
-    _EAGER_AUTOGRAD[op] = type(f"Eager_{implementation.__name__}", (torch.autograd.Function,), {
-        "forward": staticmethod(forward),
-        "backward": staticmethod(functools.partial(formula, run)),
+    # Plain eager calls: forward(ctx, ...) with the context set up inside it, since a separate
+    # setup_context makes every apply() bind its arguments to the forward's signature (inspect: 34 us
+    # per apply on the H200's host, 7 without); torch.func's transforms require the separate one.
+    name, backward = f"Eager_{implementation.__name__}", staticmethod(functools.partial(formula, run))
+    _EAGER_AUTOGRAD[op] = type(name, (torch.autograd.Function,), {"forward": staticmethod(forward), "backward": backward})
+    _TRANSFORMABLE_AUTOGRAD[op] = type(name, (torch.autograd.Function,), {
+        "forward": staticmethod(implementation), "setup_context": staticmethod(setup_context), "backward": backward,
     })
 
 

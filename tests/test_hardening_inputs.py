@@ -110,7 +110,7 @@ def test_huge_window_span_op_every_variant(sw_index: int) -> None:
     problem = Problem.for_span(SPAN_FORWARD, q, k, 2, False, sw_index, "int2")
     for forward in _applicable(SPAN_FORWARD, problem):
         geo = LaunchGeometry.prepare(q, k, v, qstart, qend, cp, None, window)
-        assert geo.window == k.shape[2]  # clamped to the keys before any kernel sees it
+        assert geo.window == k.shape[2], f"W {geo.window} not clamped to the {k.shape[2]} keys before the kernels"
         o, lse = forward.launch(geo, forward.default(problem))
         torch.testing.assert_close(o.double(), want_out, rtol=1e-4, atol=1e-5, msg=forward.qualified_name)
         for backward in _applicable(SPAN_BACKWARD, problem._replace(op=SPAN_BACKWARD)):

@@ -215,6 +215,10 @@ TABLE_CASES = {  # name: (queries, keys, window, dK/dV tile rows, dQ tile rows /
     "two-programs": (1500, 1100, 40, 32, 1),
     # one query
     "one-query": (1, 30, 5, 32, 16),
+    # a power-of-two count of dK/dV tiles (4): the binary search's last halving matters
+    "four-tiles": (64, 80, 9, 16, 4),
+    # more key blocks (1100) than programs sized by the queries alone would cover
+    "key-blocks-past-queries": (10, 1100, 3, 16, 1),
 }
 
 
@@ -224,7 +228,8 @@ def test_window_tables_match_their_definition(name: str, gen: torch.Generator) -
     sorted stably, each tile's key range, and per key block the tiles before it (hi < its first key)
     and up to it (lo <= its last key)."""
     lq, lkv, window, dkdv_rows, dq_rows = TABLE_CASES[name]
-    cache_position = torch.randint(0, lkv + 5, (lq,), generator=gen, dtype=torch.int32)
+    dtype = torch.int64 if name == "random" else torch.int32  # both index dtypes the kernels take
+    cache_position = torch.randint(0, lkv + 5, (lq,), generator=gen, dtype=dtype)
     with poisoned_allocations(integer=-(2**31)):
         tables = window_tables(cache_position, lkv, window, dkdv_rows, dq_rows)
     clamped = cache_position.long().clamp(max=lkv - 1)

@@ -169,6 +169,26 @@ def test_direct_calls_equal_the_custom_ops(gen: torch.Generator) -> None:
     torch.testing.assert_close(direct, recorded.detach(), rtol=0, atol=0)
 
 
+def test_torch_func_grad_equals_autograd(gen: torch.Generator) -> None:
+    """torch.func.grad through the layer (its eager Functions with a separate setup_context, which the
+    transforms require) gives autograd's gradients of Q2 and K exactly."""
+    q1, q2 = (torch.randn(1, 4, 40, 16, generator=gen) for _ in range(2))
+    k, v = (torch.randn(1, 2, 40, 16, generator=gen) for _ in range(2))
+
+    def loss(q2_, k_):
+        return superlinear_ops.superlinear_attention(q1, q2_, k_, v, torch.arange(40), None, 3, 2).sum()
+
+    try:
+        got = torch.func.grad(loss, argnums=(0, 1))(q2, k)
+    except RuntimeError as err:
+        raise AssertionError(f"torch.func.grad through the layer failed: {err}") from None
+    leaves = (q2.clone().requires_grad_(), k.clone().requires_grad_())
+    want = torch.autograd.grad(loss(*leaves), leaves)
+    for name, a, b in zip(("dQ2", "dK"), got, want):
+        assert not torch.isnan(a).any() and b.abs().max() > 0, f"{name}: NaN or a trivial gradient"
+        torch.testing.assert_close(a, b, rtol=0, atol=0, msg=name)
+
+
 def test_eager_autograd_equals_the_custom_ops_without_their_wrapper(gen: torch.Generator, monkeypatch) -> None:
     """An eager call that autograd records runs the op's ``torch.autograd.Function`` (no custom-op
     wrapper), whose forward and gradients equal the custom op's exactly, and its backward calls
