@@ -46,7 +46,8 @@ def _custom_op(name: str):
 def run(op, *args):
     """``op(*args)``: the custom op under torch.compile; eagerly its implementation, called directly
     (same result), through its ``torch.autograd.Function`` when autograd must record it (grad mode on
-    and an input requiring grad)."""
+    and an input requiring grad; under torch.func's transforms the Function with a separate
+    ``setup_context``, which they require)."""
     if torch.compiler.is_compiling():
         return op(*args)
     if torch.is_grad_enabled() and any(isinstance(a, Tensor) and a.requires_grad for a in args):
