@@ -30,6 +30,7 @@ S = "superlinear_ops/decode/search_kernel.py"
 SPLIT = "superlinear_ops/decode/split_window_kernels.py"
 TCF = "superlinear_ops/kernels/span_tc_forward.py"
 WIN = "superlinear_ops/kernels/window_attention.py"
+SAN = "superlinear_ops/tuner/sanitize.py"
 TILES = "superlinear_ops/kernels/span_tiles.py"
 TCB = "superlinear_ops/kernels/span_tc_backward.py"
 GEO = "superlinear_ops/geometry.py"
@@ -174,7 +175,12 @@ PLANTS = {
     "span-tile plan: int32 positions past the last key unclamped": (TILES, "pos = tl.minimum(tl.load(pos_ptr + (triple // K_SPANS) % L_Q, mask=ok, other=-1).to(tl.int64), L_KV - 1)", "pos = tl.load(pos_ptr + (triple // K_SPANS) % L_Q, mask=ok, other=-1).to(tl.int64)", f"{TCF_TESTS} -k plan_order"),
     "online softmax: probabilities of unscaled scores": (C, "p = tl.exp2(s * qk_scale - m_ref[:, None])", "p = tl.exp2(s - m_ref[:, None])", f"{FWD} -k tc_tiles"),
     "span-tile plan: unused slots attend key 0": (TILES, "return tl.maximum(qstart, 0), tl.where(qend < 0, -1, hi)", "return tl.maximum(qstart, 0), tl.maximum(hi, 0)", f"{TCF_TESTS} -k plan_order"),
-    "TMA: descriptors despite an attention mask": (WIN, "if geo.has_mask or not (", "if not (", f"{TCF_TESTS} -k descriptors"),
+    "TMA: descriptors despite an attention mask": (WIN, "return None if geo.has_mask else row_descriptors(geo.k, geo.v, block_n)", "return row_descriptors(geo.k, geo.v, block_n)", f"{TCF_TESTS} -k descriptors"),
+    "grouped TMA: span blocks without the end mask": (G, "qk_scale, BLOCK_K, True, UPCAST)", "qk_scale, BLOCK_K, False, UPCAST)", decode("grouped")),
+    "grouped TMA: descriptors despite an attention mask": (G, "if attention_mask is None and window >= block_k else None", "if window >= block_k else None", decode("grouped")),
+    "grouped TMA: rows of the first batch row's keys": (G, "desc_row = ((batch * (H_Q // REP) + head // REP) * L_KV)", "desc_row = ((head // REP) * L_KV)", decode("grouped")),
+    "grouped chunk mask read over half the chunk": (G, "keys = lo + tl.arange(0, CHUNK_POW2)", "keys = lo + tl.arange(0, CHUNK_POW2 // 2)", "tests/test_decode.py -k several_chunks"),
+    "sanitize child looks its layout up among the whole workload's": (SAN, "case = next(small_case(c) for c in load(workload_path).cases(device_identity(device), None) if c.label == label)", "case = next(c for c in layouts(workload_path, device_identity(device), None) if c.label == label)", "tests/test_sanitize.py -k child_finds"),
     "layer spans kernel: start not clamped at the first allowed key": (LSP, "qstart = tl.maximum(anchor - tl.load(back_ptr + distance, mask=live, other=0), first)", "qstart = anchor - tl.load(back_ptr + distance, mask=live, other=0)", SPANS),
     "layer spans kernel: distance one short": (LSP, "distance = tl.minimum(tl.maximum(pos + 1 - first, 0), L_KV)", "distance = tl.minimum(tl.maximum(pos - first, 0), L_KV)", SPANS),
     "layer spans kernel: end not kept before the window": (LSP, "limit = tl.where(WINDOW == 0, pos, pos - WINDOW)", "limit = pos", SPANS),

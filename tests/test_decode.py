@@ -137,26 +137,33 @@ def test_grouped_first_allowed_key_over_several_mask_slices(mask: str, gen: torc
     assert_close(got, x.oracle()[0], torch.float32, 256, "grouped")
 
 
-def test_grouped_decode_runs_long_spans_in_several_chunks(gen: torch.Generator) -> None:
-    """Spans of about 260 keys in 128-key chunks (three programs per span, several blocks each),
-    two rows with different masks: every chunk's partial is stored where its head's merge reads it."""
-    case = DecodeCase("fp32", 2, hkv=2, lkv=2048, pos=2000, power=FLOAT55, sw_index=6)
+@pytest.mark.parametrize("mask", ["holes", "sparse holes", "none"])
+@pytest.mark.parametrize("chunk", [128, 96])
+def test_grouped_decode_runs_long_spans_in_several_chunks(chunk: int, mask: str, gen: torch.Generator) -> None:
+    """Spans of about 260 keys in chunks of 128 keys, or 96 (not a power of two: the last block of a
+    chunk ends inside it), three or more programs per span with several blocks each, two rows with
+    different masks (or none: K/V blocks through TMA): every chunk's partial is stored where its head's
+    merge reads it. With 2% holes many chunks hold theirs only past their first keys: each program reads
+    its whole chunk's mask before it takes the loop that reads none."""
+    case = DecodeCase("fp32", 2, hkv=2, lkv=2048, pos=2000, power=FLOAT55, sw_index=6, mask=mask.split()[-1])
     x = make_decode_inputs(case, gen)
+    if mask == "sparse holes":
+        x.mask.copy_(torch.rand(x.mask.shape, generator=gen) >= 0.02)
     expected, traces = x.oracle()
     assert max(end - start + 1 for trace in traces.values() for _, _, start, end in trace.chosen) > 2 * 128
-    got, config = launch_variant(REGISTRY.get("staged_decode", "grouped"), x, changes={"chunk": 128})
-    assert config.chunk == 128
+    got, config = launch_variant(REGISTRY.get("staged_decode", "grouped"), x, changes={"chunk": chunk})
+    assert config.chunk == chunk, f"the launch ran chunk {config.chunk}, not {chunk}"
     assert_close(got, expected, torch.float32, case.lkv, "grouped")
 
 
 
-@pytest.mark.parametrize("chunk", [300, 0, 128.0, True])
-def test_grouped_decode_rejects_a_chunk_that_is_not_a_power_of_two(chunk) -> None:
-    """Each span program's keys are one tensor of ``chunk`` keys: a ValueError names the argument."""
+@pytest.mark.parametrize("chunk", [0, -64, 128.0, True])
+def test_grouped_decode_rejects_a_chunk_that_is_not_a_positive_int(chunk) -> None:
+    """``chunk`` keys per span program: anything but a positive int raises a ValueError that names it."""
     from superlinear_ops.decode.grouped_kernels import grouped_decode_attention
 
     x = torch.zeros(1, 2, 1, 16)
-    with pytest.raises(ValueError, match="chunk: expected a power of two"):
+    with pytest.raises(ValueError, match="chunk: expected a positive int"):
         grouped_decode_attention(x, x, x, x, torch.zeros(1, dtype=torch.int64), None, torch.zeros(1), torch.zeros(2),
                                  None, 4, 1, 8, chunk=chunk)
 

@@ -50,6 +50,21 @@ def test_layouts_keep_spans_and_share_one_shape_per_layout() -> None:
     assert sum(c.label.startswith("decode 1048576") for c in found) == 0  # the same layout as a shorter context
 
 
+def test_a_child_finds_a_selected_layout_that_another_problem_stands_for_in_the_whole_workload() -> None:
+    """The masked 4K decode shares its small layout with the static-cache decode listed before it: selected
+    alone, it is its layout's problem, and the child process runs it by its own label."""
+    path = str(ROOT / "tuning" / "superlinear-exp-v0.1.yaml")
+    cpu = device_identity(torch.device("cpu"))
+    label = "decode 4096, mask ones/holes/left_padding"
+    assert label not in {c.label for c in layouts(path, cpu, None)}, "no longer a layout another problem stands for"
+    assert [c.label for c in layouts(path, cpu, "^decode 4096, mask")] == [label]
+    try:
+        status = sweep.run_child(path, label, 0, 0, torch.device("cpu"))
+    except StopIteration:
+        status = None
+    assert status == 0, "the child did not find its layout by the label the parent gave it"
+
+
 def test_dry_run_on_cpu_reports_every_configuration_of_the_swept_layouts(capsys) -> None:
     from superlinear_ops.cli import main
 

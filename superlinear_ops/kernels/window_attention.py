@@ -138,18 +138,22 @@ def block_d(dim: int) -> int:
 
 
 def key_value_descriptors(geo: LaunchGeometry, block_n: int) -> tuple[object, object] | None:
-    """TMA descriptors of K and V as one [B * Hkv * Lkv, D] run of rows in [block_n, padded D]
-    blocks (the interpreter runs them too), or None where the inputs do not allow them:
-    an attention mask (masked keys must be read as zeros: the pointer loads do that), a GPU older
-    than sm_90, rows that are not one evenly spaced run (a batch or head expanded by stride 0), or a
-    base address or row stride that is not a multiple of 16 bytes."""
-    k, v = geo.k, geo.v
+    """TMA descriptors of the geometry's K and V (``row_descriptors``), or None under an attention
+    mask (masked keys must be read as zeros: the pointer loads do that)."""
+    return None if geo.has_mask else row_descriptors(geo.k, geo.v, block_n)
+
+
+def row_descriptors(k: torch.Tensor, v: torch.Tensor, block_n: int) -> tuple[object, object] | None:
+    """TMA descriptors of K and V [B, Hkv, Lkv, D] as one [B * Hkv * Lkv, D] run of rows in
+    [block_n, padded D] blocks (the interpreter runs them too), or None where the inputs do not
+    allow them: a GPU older than sm_90, rows that are not one evenly spaced run (a batch or head
+    expanded by stride 0), or a base address or row stride that is not a multiple of 16 bytes."""
     batch, hkv, lkv, dim = k.shape
     row = k.stride(2)
     evenly_spaced = (hkv == 1 or k.stride(1) == lkv * row) and (batch == 1 or k.stride(0) == hkv * lkv * row)
     aligned = (row * k.element_size()) % 16 == 0 and all(t.data_ptr() % 16 == 0 for t in (k, v))
     gpu_ok = k.device.type == "cpu" or hopper_or_newer(k.device)
-    if geo.has_mask or not (evenly_spaced and aligned and gpu_ok) or batch * hkv * lkv > 2**31 - 1:
+    if not (evenly_spaced and aligned and gpu_ok) or batch * hkv * lkv > 2**31 - 1:
         return None
     from triton.tools.tensor_descriptor import TensorDescriptor
 

@@ -94,7 +94,9 @@ def items(case: Case) -> list[tuple[Variant, KernelConfig]]:
 
 def run_child(workload_path: str, label: str, start: int, stop: int, device: torch.device) -> int:
     """The child's job: run the items ``start:stop`` of the layout ``label``, one marker line each."""
-    case = next(c for c in layouts(workload_path, device_identity(device), None) if c.label == label)
+    # By label among all the workload's problems: the layout may stand for others in the parent's selection and
+    # be represented by another problem in the whole workload's.
+    case = next(small_case(c) for c in load(workload_path).cases(device_identity(device), None) if c.label == label)
     bench = ProblemBench(case, device, seed=0)
     for index, (variant, config) in list(enumerate(items(case)))[start:stop]:
         print(f"{ITEM} {index} {variant.qualified_name} {config.text()}", flush=True)
