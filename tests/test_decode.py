@@ -138,10 +138,10 @@ def test_grouped_first_allowed_key_over_several_mask_slices(mask: str, gen: torc
 
 
 @pytest.mark.parametrize("mask", ["holes", "sparse holes", "none"])
-@pytest.mark.parametrize("chunk", [128, 96])
+@pytest.mark.parametrize("chunk", [128, 100])
 def test_grouped_decode_runs_long_spans_in_several_chunks(chunk: int, mask: str, gen: torch.Generator) -> None:
-    """Spans of about 260 keys in chunks of 128 keys, or 96 (not a power of two: the last block of a
-    chunk ends inside it), three or more programs per span with several blocks each, two rows with
+    """Spans of about 260 keys in chunks of 128 keys, or 100 (not a power of two, nor a multiple of the
+    16-key blocks: the last block of a chunk ends inside the next one), three or more programs per span with several blocks each, two rows with
     different masks (or none: K/V blocks through TMA): every chunk's partial is stored where its head's
     merge reads it. With 2% holes many chunks hold theirs only past their first keys: each program reads
     its whole chunk's mask before it takes the loop that reads none."""
@@ -155,6 +155,29 @@ def test_grouped_decode_runs_long_spans_in_several_chunks(chunk: int, mask: str,
     assert config.chunk == chunk, f"the launch ran chunk {config.chunk}, not {chunk}"
     assert_close(got, expected, torch.float32, case.lkv, "grouped")
 
+
+
+@pytest.mark.parametrize("block_k", [16, 64])
+def test_grouped_decode_ignores_nan_in_keys_nobody_attends(block_k: int, gen: torch.Generator) -> None:
+    """Without a mask the span blocks come through TMA whole: the keys a last block reads past its span
+    (before the window, and with 64-key blocks past the position too) must not reach the output, even
+    as NaN. K and V are NaN at every key that no span, window or stripe covers and after the position."""
+    case = DecodeCase("fp32", 2, "none", forward_factor=0.0, batch=1, lkv=300, pos=290, sw_index=5)
+    x = make_decode_inputs(case, gen)
+    expected, traces = x.oracle()
+    window = x.params.window
+    assert 16 < window < 64, f"the window ({window}) must lie between the two block widths"
+    covered = set(range(case.pos - window + 1, case.pos + 1))
+    covered |= {case.pos + 1 - o for o in oracle.stripe_offsets(case.lkv, case.sw_index, case.power)}
+    for trace in traces.values():
+        for _, _, start, end in trace.chosen:
+            covered |= set(range(start, end + 1))
+    unused = [i for i in range(case.lkv) if i not in covered]
+    assert len(unused) >= 32, f"only {len(unused)} unattended keys to poison"
+    x.k[:, :, unused] = float("nan")
+    x.v[:, :, unused] = float("nan")
+    got, _ = launch_variant(REGISTRY.get("staged_decode", "grouped"), x, block_k=block_k)
+    assert_close(got, expected, torch.float32, case.lkv, "grouped")
 
 
 @pytest.mark.parametrize("chunk", [0, -64, 128.0, True])

@@ -13,8 +13,8 @@
    (SPEC section 3, steps 1-3; the tables and the query are read before the wait for
    ``group_kernel``) and runs the online softmax over ``CHUNK`` keys of it (one query row padded to
    a 16-row tile: both products are tensor-core dots whose K/V tiles Triton stages through shared
-   memory; without a mask, and with W >= the block width, each block comes whole through the tensor
-   memory accelerator: 1.04x at model M's 4K decode on the H200). Under a mask it first reads the
+   memory; without a mask each block comes whole through the tensor memory accelerator: 1.04x at
+   model M's 4K decode on the H200). Under a mask it first reads the
    chunk's mask once: a chunk whose keys the mask all allows runs the loop without reading it again.
    The head's last program to finish (an atomic counter) merges the window's partials once, each
    span's partials on top of them (O_j = softmax over span_j and the window, zeros when empty) and
@@ -36,7 +36,7 @@ import triton
 import triton.language as tl
 from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
-from ..kernels.common import LOG2E, attend_block, attend_described_block, tc_dot, window_bounds
+from ..kernels.common import LOG2E, attend_block, attend_described_block, online_softmax_step, tc_dot, window_bounds
 from ..kernels.launch import hopper_or_newer, key_value_pair, unit_stride
 from ..kernels.window_attention import row_descriptors
 from . import grouped_plan
@@ -138,17 +138,22 @@ def _attend(
 @triton.jit
 def _attend_described(q, k_desc, v_desc, desc_row, lo, hi, qk_scale, BLOCK_K: tl.constexpr, UPCAST: tl.constexpr):
     """``_attend`` without a mask, each block of keys loaded whole by the tensor memory accelerator
-    from row ``desc_row`` + its first key of the [keys, D] descriptors; the keys of the last block
-    past ``hi`` are read and dropped from the scores (the caller makes sure they are finite keys of
-    the same group)."""
+    from row ``desc_row`` + its first key of the [keys, D] descriptors. A last block that runs past
+    ``hi`` has those keys' scores set to -inf and their values to 0 (nobody attends them: a NaN there
+    must not reach the output through a zero weight)."""
     acc = tl.zeros((q.shape[0], q.shape[1]), dtype=tl.float32)
     m = tl.full((q.shape[0],), float("-inf"), tl.float32)
     l = tl.zeros((q.shape[0],), dtype=tl.float32)
-    row_lo = tl.full((q.shape[0],), 0, tl.int32) + lo
-    row_hi = tl.full((q.shape[0],), 0, tl.int32) + hi
-    for start in range(lo, hi + 1, BLOCK_K):
-        acc, m, l = attend_described_block(acc, m, l, q, k_desc, v_desc, desc_row + start, start, row_lo, row_hi,
-                                           qk_scale, BLOCK_K, True, UPCAST)
+    whole_end = lo + tl.maximum(hi - lo + 1, 0) // BLOCK_K * BLOCK_K  # blocks lo.. whole_end - 1 lie in the span
+    for start in range(lo, whole_end, BLOCK_K):
+        acc, m, l = attend_described_block(acc, m, l, q, k_desc, v_desc, desc_row + start, start, lo, hi, qk_scale,
+                                           BLOCK_K, False, UPCAST)
+    if whole_end <= hi:
+        keep = whole_end + tl.arange(0, BLOCK_K) <= hi
+        k = k_desc.load([desc_row + whole_end, 0])
+        v = tl.where(keep[:, None], v_desc.load([desc_row + whole_end, 0]), 0.0)
+        s = tl.where(keep[None, :], tc_dot(q, tl.trans(k), UPCAST), float("-inf"))
+        acc, m, l = online_softmax_step(acc, m, l, s, v, qk_scale, UPCAST)
     return acc, m, l
 
 
@@ -444,10 +449,9 @@ def grouped_decode_attention(
         TOPK=topk, BLOCK_S=block_s, REP_PAD=plan.rep_pad, D_HEAD=dim, BLOCK_D=plan.block_d, WINDOW_BLOCK=WINDOW_CHUNK,
         SLICE=MASK_SLICE, HAS_MASK=has_mask, UPCAST=upcast, PDL=pdl, num_warps=4,
     )
-    # Span blocks through TMA without a mask: a span ends W keys before the decode position, so with
-    # W >= block_k the keys its last block reads past the span's end are keys of its group before
-    # that position (a written cache); under a mask those keys may be masked out, never to be read.
-    descriptors = row_descriptors(k, v, block_k) if attention_mask is None and window >= block_k else None
+    # Span blocks through TMA without a mask (a last block's keys past its span are dropped in the
+    # kernel); under a mask the pointer loads read masked keys as zeros.
+    descriptors = row_descriptors(k, v, block_k) if attention_mask is None else None
     span_kernel[(hq * topk * plan.n_chunks, batch)](
         q2, k, v, *(descriptors or (k, v)), cand_score, cand_anchor, back_table,
         forward_table if has_forward else back_table, first,
