@@ -8,6 +8,7 @@ import sys
 
 import torch
 
+from superlinear_ops.buckets import key_of
 from superlinear_ops.kernels.launch import KernelConfig
 from superlinear_ops.problem import DeviceIdentity, device_identity
 from superlinear_ops.registry import REGISTRY
@@ -57,12 +58,28 @@ def test_a_child_finds_a_selected_layout_that_another_problem_stands_for_in_the_
     cpu = device_identity(torch.device("cpu"))
     label = "decode 4096, mask ones/holes/left_padding"
     assert label not in {c.label for c in layouts(path, cpu, None)}, "no longer a layout another problem stands for"
-    assert [c.label for c in layouts(path, cpu, "^decode 4096, mask")] == [label]
+    selected = layouts(path, cpu, "^decode 4096, mask")
+    assert [c.label for c in selected] == [label]
     try:
-        status = sweep.run_child(path, label, 0, 0, torch.device("cpu"))
+        status = sweep.run_child(path, label, key_of(selected[0].problem).text(), 0, 0, torch.device("cpu"))
     except StopIteration:
         status = None
     assert status == 0, "the child did not find its layout by the label the parent gave it"
+
+
+def test_a_child_tells_apart_two_problems_that_share_a_label(tmp_path, monkeypatch) -> None:
+    """Two op entries that differ only in batch share a label: the child runs the one the parent meant."""
+    path = tmp_path / "two-batches.yaml"
+    path.write_text((ROOT / "tuning" / "quick.yaml").read_text().replace(
+        "problems:\n", "problems:\n  - op: {name: staged_decode, queries: 1, keys: 64, batch: 1}\n"
+        "  - op: {name: staged_decode, queries: 1, keys: 64, batch: 3}\n"))
+    cpu = device_identity(torch.device("cpu"))
+    pair = [c for c in layouts(str(path), cpu, "^staged_decode")]
+    assert len(pair) == 2 and pair[0].label == pair[1].label, [c.label for c in pair]
+    ran = []
+    monkeypatch.setattr(sweep, "ProblemBench", lambda case, device, seed: ran.append(case.problem.batch))
+    assert sweep.run_child(str(path), pair[1].label, key_of(pair[1].problem).text(), 0, 0, torch.device("cpu")) == 0
+    assert ran == [3], f"the child ran batch {ran}, not the parent's 3"
 
 
 def test_dry_run_on_cpu_reports_every_configuration_of_the_swept_layouts(capsys) -> None:

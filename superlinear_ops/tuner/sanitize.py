@@ -26,6 +26,7 @@ from dataclasses import dataclass, replace
 import torch
 from tqdm import tqdm
 
+from ..buckets import key_of
 from ..devices import select_device
 from ..kernels.launch import KernelConfig
 from ..problem import device_identity
@@ -92,11 +93,13 @@ def items(case: Case) -> list[tuple[Variant, KernelConfig]]:
     return out
 
 
-def run_child(workload_path: str, label: str, start: int, stop: int, device: torch.device) -> int:
-    """The child's job: run the items ``start:stop`` of the layout ``label``, one marker line each."""
-    # By label among all the workload's problems: the layout may stand for others in the parent's selection and
-    # be represented by another problem in the whole workload's.
-    case = next(small_case(c) for c in load(workload_path).cases(device_identity(device), None) if c.label == label)
+def run_child(workload_path: str, label: str, key: str, start: int, stop: int, device: torch.device) -> int:
+    """The child's job: run the items ``start:stop`` of the problem ``label`` whose small case has the
+    problem key ``key``, one marker line each."""
+    # Among all the workload's problems, not its layouts: in the whole workload another problem may stand for
+    # this one's layout; and two problems may share a label (op entries that differ only in batch), not a key.
+    case = next(small for c in load(workload_path).cases(device_identity(device), None)
+                if c.label == label and key_of((small := small_case(c)).problem).text() == key)
     bench = ProblemBench(case, device, seed=0)
     for index, (variant, config) in list(enumerate(items(case)))[start:stop]:
         print(f"{ITEM} {index} {variant.qualified_name} {config.text()}", flush=True)
@@ -126,10 +129,10 @@ class SweepRow:
         return not self.errors and self.verdict == "ok"
 
 
-def _child_command(sanitizer: str | None, tool: str, workload_path: str, label: str, start: int, stop: int,
+def _child_command(sanitizer: str | None, tool: str, workload_path: str, case: Case, start: int, stop: int,
                    device: str) -> list[str]:
-    child = [sys.executable, "-m", "superlinear_ops.tuner.sanitize", workload_path, "--child", label,
-             "--start", str(start), "--stop", str(stop), "--device", device]
+    child = [sys.executable, "-m", "superlinear_ops.tuner.sanitize", workload_path, "--child", case.label,
+             "--key", key_of(case.problem).text(), "--start", str(start), "--stop", str(stop), "--device", device]
     return child if sanitizer is None else [sanitizer, "--tool", tool, "--print-limit", "20", *child]
 
 
@@ -158,7 +161,7 @@ def sweep_range(rows: list[SweepRow], case: Case, start: int, stop: int, workloa
                 device: str, sanitizer: str | None, progress) -> None:
     """Fill ``rows[start:stop]`` of one layout, restarting the child after an item that ended it."""
     while start < stop:
-        command = _child_command(sanitizer, tool, workload_path, case.label, start, stop, device)
+        command = _child_command(sanitizer, tool, workload_path, case, start, stop, device)
         current, last, status, tail = _read_child(command, rows, progress)
         if last == stop - 1:
             return
@@ -225,12 +228,13 @@ def main(argv: list[str] | None = None) -> int:
     """The child process's entry point (``python -m superlinear_ops.tuner.sanitize``)."""
     parser = argparse.ArgumentParser(description="one layout of a sanitize sweep (run by `superlinear-ops sanitize`)")
     parser.add_argument("workload")
-    parser.add_argument("--child", required=True, help="the layout's label")
+    parser.add_argument("--child", required=True, help="the layout's problem label")
+    parser.add_argument("--key", required=True, help="the problem key of its small case")
     parser.add_argument("--start", type=int, default=0)
     parser.add_argument("--stop", type=int, required=True)
     parser.add_argument("--device", default="cuda")
     args = parser.parse_args(argv)
-    return run_child(args.workload, args.child, args.start, args.stop, torch.device(args.device))
+    return run_child(args.workload, args.child, args.key, args.start, args.stop, torch.device(args.device))
 
 
 if __name__ == "__main__":
