@@ -73,8 +73,8 @@ BACKWARD_SPACE = (
     Param("num_warps", (1, 2, 4, 8)),
     Param("num_stages", (1, 2, 3)),
 )
-# Keys per span program: powers of two and the steps between (at model M's 64K decode on the H200, spans of
-# 1,785 keys ran fastest in four programs of 448 keys; at 256K and 1M, 2048-key programs).
+# Keys per span program: powers of two and steps between them (equal pieces of a span, e.g. 448 = 1,785 / 4 at
+# model M's 64K). On the H200 the tuner's confirmed winners stayed powers of two (2048 at 1M, session 19).
 GROUPED_SPACE = (*FORWARD_SPACE, Param("chunk", (128, 192, 256, 384, 448, 512, 768, 896, 1024, 1536, 2048, 3072, 4096)))
 TC_SPACE = (  # the window kernels' tiles, then the span-tile kernel's (forward and backward)
     Param("window_block_m", (32, 64, 128)),

@@ -14,11 +14,11 @@
    ``group_kernel``) and runs the online softmax over ``CHUNK`` keys of it (one query row padded to
    a 16-row tile: both products are tensor-core dots whose K/V tiles Triton stages through shared
    memory; without a mask each block comes whole through the tensor memory accelerator: 1.04x at
-   model M's 4K decode on the H200). Under a mask it first reads the
-   chunk's mask once: a chunk whose keys the mask all allows runs the loop without reading it again.
-   The head's last program to finish (an atomic counter) merges the window's partials once, each
-   span's partials on top of them (O_j = softmax over span_j and the window, zeros when empty) and
-   writes the gate-weighted sum of the O_j (steps 4-5) in Q's dtype.
+   model M's 4K decode on the H200). Under a mask it first reads the chunk's mask once: a chunk
+   whose keys the mask all allows runs the loop without reading it again. The head's last program
+   to finish (an atomic counter) merges the window's partials once, each span's partials on top of
+   them (O_j = softmax over span_j and the window, zeros when empty) and writes the gate-weighted
+   sum of the O_j (steps 4-5) in Q's dtype.
 
 Partial softmax states are (weighted values, max, sum) in the log2 domain. The short prefix
 (t <= W) needs no branch: no stripe precedes the window, every span is empty and the uniform gate
