@@ -26,6 +26,7 @@ C = "superlinear_ops/kernels/common.py"
 DEC = "superlinear_ops/decode/staged.py"
 GATE = "superlinear_ops/decode/gate.py"
 G = "superlinear_ops/decode/grouped_kernels.py"
+SS = "superlinear_ops/decode/stripe_spans_kernels.py"
 S = "superlinear_ops/decode/search_kernel.py"
 SPLIT = "superlinear_ops/decode/split_window_kernels.py"
 TCF = "superlinear_ops/kernels/span_tc_forward.py"
@@ -88,13 +89,13 @@ PLANTS = {
     "grouped window chunk drops a key": (G, "hi = tl.minimum(window_hi, lo + WCHUNK - 1)", "hi = tl.minimum(window_hi, lo + WCHUNK - 2)", decode("grouped")),
     "grouped merge halves the window": (G, "l = w_l * a_w + s_l * a_s", "l = w_l * a_w * 0.5 + s_l * a_s", decode("grouped")),
     "grouped merge runs before the last chunk": (G, "if finished == TOPK * N_CHUNKS - 1:", "if finished == 0:", decode("grouped")),
-    "grouped first allowed key ignored": (G, "tl.maximum(t - tl.where(first == L_KV, 0, first), 0)", "t", decode("grouped")),
+    "grouped first allowed key ignored": (G, "forward = tl.load(forward_ptr + tl.maximum(t - tl.where(first == L_KV, 0, first), 0))", "forward = tl.load(forward_ptr + t)", decode("grouped")),
     "grouped ties go to the farther anchor": (G, "pick = tl.max(tl.where(scores == best, anchors, NO_ANCHOR), axis=0)", "pick = tl.min(tl.where(scores == best, anchors, 2**30), axis=0)", "tests/test_decode.py -k 'tied and grouped'"),
     "grouped search keeps masked stripes": (G, "        valid = valid & (tl.load(mask_ptr + batch * stride_mb + loc, mask=valid, other=0) != 0)\n", "        valid = valid\n", decode("grouped")),
     "grouped chunks with holes read as all allowed": (G, "masked = tl.max(hidden.to(tl.int32), axis=0) > 0", "masked = tl.max(hidden.to(tl.int32), axis=0) > 1", decode("grouped")),
     "grouped span starts one key early": (G, "back = tl.load(back_ptr + t)", "back = tl.load(back_ptr + t) + 1", decode("grouped")),
     "grouped partials stored in program order": (G, "part = (batch * H_Q * TOPK + head_slot) * N_CHUNKS + chunk + rows * 0", "part = batch * H_Q * TOPK * N_CHUNKS + pid + rows * 0", "tests/test_decode.py -k several_chunks"),
-    "grouped bf16 output scaled by 1.01": (G, "        launch_pdl=pdl,\n    )\n    return out\n", "        launch_pdl=pdl,\n    )\n    return out * 1.01 if q2.dtype == torch.bfloat16 else out\n", decode("grouped")),
+    "grouped bf16 output scaled by 1.01": (G, "        launch_pdl=g.pdl,\n    )\n    return g.out\n", "        launch_pdl=g.pdl,\n    )\n    return g.out * 1.01 if q2.dtype == torch.bfloat16 else g.out\n", decode("grouped")),
     "geometry stripe_count drops the last stripe": (GEO, "return max(largest, sw_index + 1)", "return max(largest - 1, sw_index + 1)", f"{VARIANTS}::test_decode_variant_matches_oracle tests/test_geometry.py"),
     "tensor-core forward: window part dropped in the merge": (TCF, "        beta = tl.exp2(lw - m_ref)\n", "        beta = tl.exp2(lw - m_ref) * 0.0\n", f"{FWD} -k tc_tiles"),
     "tensor-core forward: window starts one key late": (WIN, "    row_lo = tl.maximum(pos - WINDOW + 1, 0)\n", "    row_lo = tl.maximum(pos - WINDOW + 2, 0)\n", f"{FWD} -k tc_tiles"),
@@ -179,8 +180,17 @@ PLANTS = {
     "grouped TMA: a last block keeps the keys past its span": (G, "keep = whole_end + tl.arange(0, BLOCK_K) <= hi", "keep = whole_end + tl.arange(0, BLOCK_K) <= hi + BLOCK_K", decode("grouped")),
     "grouped TMA: values past the span not zeroed": (G, "v = tl.where(keep[:, None], v_desc.load([desc_row + whole_end, 0]), 0.0)", "v = v_desc.load([desc_row + whole_end, 0])", "tests/test_decode.py -k nan_in_keys_nobody"),
     "grouped TMA: a span's last partial block skipped": (G, "    if whole_end <= hi:\n", "    if whole_end < lo:\n", decode("grouped")),
-    "grouped TMA: descriptors despite an attention mask": (G, "row_descriptors(k, v, block_k) if attention_mask is None else None", "row_descriptors(k, v, block_k)", decode("grouped")),
+    "grouped TMA: descriptors despite an attention mask": (G, "row_descriptors(g.k, g.v, block_k) if attention_mask is None else None", "row_descriptors(g.k, g.v, block_k)", decode("grouped")),
     "grouped TMA: rows of the first batch row's keys": (G, "desc_row = ((batch * (H_Q // REP) + head // REP) * L_KV)", "desc_row = ((head // REP) * L_KV)", decode("grouped")),
+    "stripe_spans: merge takes the next stripe's partials": (SS, "stripe = tl.sum((offsets < t - anchor).to(tl.int32), axis=0)", "stripe = tl.sum((offsets <= t - anchor).to(tl.int32), axis=0)", decode("stripe_spans")),
+    "stripe_spans: merge drops each span's last chunk": (SS, "counts = tl.where(scores > float(\"-inf\"), N_SCHUNKS, 0)", "counts = tl.where(scores > float(\"-inf\"), N_SCHUNKS - 1, 0)", "tests/test_decode.py -k 'several_chunks and stripe_spans'"),
+    "stripe_spans: bf16 output scaled by 1.01": (SS, "    return g.out\n", "    return g.out * 1.01 if q2.dtype == torch.bfloat16 else g.out\n", decode("stripe_spans")),
+    "stripe_spans: a stripe's span starts one key early": (G, "lo = tl.maximum(loc - tl.load(back_ptr + t), 0)", "lo = tl.maximum(loc - tl.load(back_ptr + t) - 1, 0)", decode("stripe_spans")),
+    "stripe_spans: forward length ignores the first allowed key": (G, "from_key = tl.maximum(t - tl.where(first == L_KV, 0, first), 0)", "from_key = t", decode("stripe_spans")),
+    "stripe_spans: first allowed key read in the first slice only": (G, "while (first == L_KV) & (start < window_start):", "while (start == 0) & (start < window_start):", "tests/test_decode.py -k 'first_allowed and stripe_spans'"),
+    "stripe_spans: chunks of a span overlap by a key": (G, "lo = (lo + chunk * SCHUNK).to(tl.int32)", "lo = (lo + chunk * (SCHUNK - 1)).to(tl.int32)", "tests/test_decode.py -k 'several_chunks and stripe_spans'"),
+    "stripe_spans: chunks stored past their stripe's places": (G, "N_STRIPES * N_SCHUNKS, stride_qb,", "N_STRIPES * N_SCHUNKS + 1, stride_qb,", decode("stripe_spans")),
+    "stripe_spans: span programs read Q2 with Q1's strides": (G, "            stride_q2b, stride_q2h, stride_kb, stride_kh, stride_kl, stride_mb,\n            H_Q, L_KV, REP, WINDOW, N_STRIPES,", "            stride_q1b, stride_q1h, stride_kb, stride_kh, stride_kl, stride_mb,\n            H_Q, L_KV, REP, WINDOW, N_STRIPES,", "tests/test_decode.py -k 'own_strides and stripe_spans'"),
     "grouped chunk mask read over half the chunk": (G, "keys = lo + tl.arange(0, CHUNK_POW2)", "keys = lo + tl.arange(0, CHUNK_POW2 // 2)", "tests/test_decode.py -k several_chunks"),
     "sanitize child looks its layout up among the whole workload's": (SAN, "case = next(small for c in load(workload_path).cases(device_identity(device), None)\n", "case = next(small for c in layouts(workload_path, device_identity(device), None)\n", "tests/test_sanitize.py -k child_finds"),
     "sanitize child ignores the problem key": (SAN, "if c.label == label and key_of((small := small_case(c)).problem).text() == key)", "if c.label == label and (small := small_case(c)) is not None)", "tests/test_sanitize.py -k share_a_label"),

@@ -63,6 +63,47 @@ def grouped_reasons(problem: Problem) -> list[str]:
     return reasons
 
 
+# Keys per KV group in every stripe's span above which stripe_spans does not apply (model M on the
+# H200: at 4K, 12K keys, 1.2x faster than grouped; at 64K, 678K keys, 3x slower), and its partials' budget.
+STRIPE_SPANS_KEYS = 1 << 19
+STRIPE_SPANS_BYTES = 1 << 28
+
+
+def _stripes_and_longest_span(problem: Problem) -> tuple[int, int]:
+    """(stripes of the key length's table, keys of its longest span): what stripe_spans attends per group."""
+    backward_factor, forward_factor, span_power = problem.factors
+    longest = min(
+        geometry.ceil_scaled_power(backward_factor, problem.keys, span_power)
+        + geometry.ceil_scaled_power(forward_factor, problem.keys, span_power) + 1,
+        problem.keys,
+    )
+    stripes = geometry.stripe_count(problem.keys, problem.sw_index, problem.params) - problem.sw_index  # i > sw_index
+    return stripes, longest
+
+
+def stripe_spans_reasons(problem: Problem) -> list[str]:
+    """Why the stripe_spans decode kernels cannot serve ``problem``: the grouped rules, or spans of
+    every stripe so long that attending them all cannot pay."""
+    reasons = grouped_reasons(problem)
+    stripes, longest = _stripes_and_longest_span(problem)
+    if stripes * longest > STRIPE_SPANS_KEYS:
+        reasons.append(f"every stripe's span is {stripes} x {longest} keys per KV group > {STRIPE_SPANS_KEYS}: "
+                       "attending them all beside the search costs more than waiting for it")
+    return reasons
+
+
+def stripe_spans_check(problem: Problem, config: KernelConfig) -> str | None:
+    """Why a stripe_spans configuration cannot build or run well: the grouped resource rules, or span
+    partials (one per head, stripe and chunk) above ``STRIPE_SPANS_BYTES``."""
+    stripes, longest = _stripes_and_longest_span(problem)
+    chunks = -(-longest // config.chunk)
+    partials = problem.batch * problem.q_heads * stripes * chunks * (problem.head_dim + 2) * 4
+    if partials > STRIPE_SPANS_BYTES:
+        return (f"span partials: {partials / 2**20:.0f} MiB for {stripes} stripes x {chunks} chunks of {config.chunk} "
+                f"keys > {STRIPE_SPANS_BYTES >> 20} MiB (take longer chunks)")
+    return resource_check(2, problem, config)
+
+
 def tc_reasons(tiles: dict, default, problem: Problem) -> list[str]:
     """Why a tensor-core variant cannot serve ``problem``: the Triton rules, or no tiling that fits."""
     reasons = triton_reasons(problem)
@@ -212,6 +253,24 @@ def grouped_default(problem: Problem) -> KernelConfig:
     for stages in (3, 2, 1):
         config = KernelConfig(block_k=block_k, num_warps=4, num_stages=stages, chunk=chunk)
         if stages == 1 or resource_check(2, problem, config) is None:
+            return config
+    raise AssertionError("unreachable")
+
+
+def stripe_spans_default(problem: Problem) -> KernelConfig:
+    """Heuristic stripe_spans configuration: the grouped tiles, with chunks of every stripe's span
+    that give about four programs per multiprocessor, made longer until the partials fit."""
+    from .decode.grouped_kernels import span_chunk_length  # imports Triton on first use only
+
+    stripes, longest = _stripes_and_longest_span(problem)
+    block_k = 64 if problem.head_dim <= 128 else 32
+    spans = problem.batch * problem.kv_heads * stripes
+    chunk = span_chunk_length(longest, spans, max(problem.device.multiprocessors, 1), block_k)
+    for stages in (3, 2, 1):
+        config = KernelConfig(block_k=block_k, num_warps=4, num_stages=stages, chunk=chunk)
+        while stripe_spans_check(problem, config) is not None and config.chunk < longest:
+            config = config.replace(chunk=2 * config.chunk)
+        if stages == 1 or stripe_spans_check(problem, config) is None:
             return config
     raise AssertionError("unreachable")
 

@@ -23,7 +23,7 @@ from functools import partial
 import torch
 
 from .arch_check import with_compiled
-from .decode.grouped import grouped_decode
+from .decode.grouped import grouped_decode, stripe_spans_decode
 from .decode.split_window import split_window_decode
 from .decode.staged import staged_decode
 from .kernels.launch import KernelConfig, LaunchGeometry
@@ -54,6 +54,9 @@ from .variant_rules import (
     search_default,
     search_reasons,
     split_reasons,
+    stripe_spans_check,
+    stripe_spans_default,
+    stripe_spans_reasons,
     stripe_tile_check,
     stripe_tile_default,
     tc_backward_default,
@@ -76,6 +79,7 @@ BACKWARD_SPACE = (
 # Keys per span program: powers of two and steps between them (equal pieces of a span, e.g. 448 = 1,785 / 4 at
 # model M's 64K). On the H200 the tuner's confirmed winners stayed powers of two (2048 at 1M, session 19).
 GROUPED_SPACE = (*FORWARD_SPACE, Param("chunk", (128, 192, 256, 384, 448, 512, 768, 896, 1024, 1536, 2048, 3072, 4096)))
+STRIPE_SPANS_SPACE = (*FORWARD_SPACE, Param("chunk", (64, 96, 128, 192, 256, 384, 512, 1024, 2048, 4096)))
 TC_SPACE = (  # the window kernels' tiles, then the span-tile kernel's (forward and backward)
     Param("window_block_m", (32, 64, 128)),
     Param("window_block_n", (16, 32, 64, 128)),
@@ -247,7 +251,7 @@ REGISTRY.register(Variant(
 REGISTRY.register(Variant(
     op=STAGED_DECODE, name="split_window", launch=position_clamped(split_window_decode), space=FORWARD_SPACE,
     baseline=True,
-    reasons=triton_reasons, compile_check=partial(resource_check, 2), default=forward_default, priority=1,
+    reasons=triton_reasons, compile_check=partial(resource_check, 2), default=forward_default, priority=2,
     description="fused stripe search, then span/window attention in 256-key chunks merged once per head with the gate",
 ))
 REGISTRY.register(Variant(
@@ -255,6 +259,13 @@ REGISTRY.register(Variant(
     compile_check=partial(resource_check, 2), default=grouped_default,
     priority=0,  # fastest decode variant at every context measured on the H200 (docs/benchmarks/h200-decode-compare.json)
     description="stripe search and window once per KV group, spans in tensor-core chunks, merged by the last: two launches",
+))
+REGISTRY.register(Variant(
+    op=STAGED_DECODE, name="stripe_spans", launch=stripe_spans_decode, space=STRIPE_SPANS_SPACE,
+    reasons=stripe_spans_reasons, compile_check=stripe_spans_check, default=stripe_spans_default,
+    priority=1,  # short contexts only: the tuner chooses it where it wins
+    description="stripe search, window and the span of every stripe once per KV group in one launch (no span work "
+    "waits for the search), then a merge that picks each head's chosen spans: two launches",
 ))
 REGISTRY.register(Variant(
     op=STAGED_DECODE, name="staged_reference", launch=position_clamped(staged_decode_with(reference_forward)), space=(),

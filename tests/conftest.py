@@ -40,6 +40,17 @@ def gen(request) -> torch.Generator:
     return torch.Generator().manual_seed(seed)
 
 
+@pytest.fixture(autouse=True, scope="session")
+def code_hashes_of_the_unpatched_package() -> None:
+    """Every variant's code hash, computed once before any test patches a module constant that the
+    hashed code reads (``grouped_kernels.MASK_SLICE``): the hashes are cached per process, and one
+    taken under a patch would make every shipped entry of that variant look stale to later tests."""
+    from superlinear_ops.registry import REGISTRY
+
+    for variant in REGISTRY.all():
+        variant.code_hash
+
+
 @pytest.fixture(autouse=True)
 def isolated_cache_environment(tmp_path_factory, monkeypatch):
     """HOME, XDG_CACHE_HOME and SUPERLINEAR_OPS_CACHE point into a fresh temporary directory, and the

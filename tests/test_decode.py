@@ -88,6 +88,7 @@ def test_float64_runs_the_reference_path_exactly(gen: torch.Generator) -> None:
 
 
 TRITON_DECODE = [v for v in REGISTRY.variants("staged_decode") if v.space]
+GROUPED = [REGISTRY.get("staged_decode", name) for name in ("grouped", "stripe_spans")]  # group_kernel's users
 
 
 @pytest.mark.parametrize("variant", TRITON_DECODE, ids=[v.name for v in TRITON_DECODE])
@@ -123,45 +124,52 @@ def test_tied_search_scores_choose_the_nearest_stripes(variant, gen: torch.Gener
     assert_close(got, expected, torch.float32, case.lkv, variant.name)
 
 
+@pytest.mark.parametrize("variant", GROUPED, ids=[v.name for v in GROUPED])
 @pytest.mark.parametrize("mask", ["holes", "static"])
-def test_grouped_first_allowed_key_over_several_mask_slices(mask: str, gen: torch.Generator, monkeypatch) -> None:
+def test_grouped_first_allowed_key_over_several_mask_slices(variant, mask: str, gen: torch.Generator,
+                                                            monkeypatch) -> None:
     """The grouped variant finds each row's first allowed key from per-slice minima (slices dealt
-    over the KV groups); small slices make several, the first of them wholly masked."""
+    over the KV groups), stripe_spans by reading slice after slice until one holds it; small slices
+    make several, the first of them wholly masked."""
     from superlinear_ops.decode import grouped_kernels as decode_grouped
 
     monkeypatch.setattr(decode_grouped, "MASK_SLICE", 16)
     x = make_decode_inputs(DecodeCase("fp32", 2, mask=mask, lkv=256, pos=180, hkv=2), gen)
     x.mask[:, :50] = False
     x.mask[0, 50:70] = False  # rows start at different slices
-    got, _ = launch_variant(REGISTRY.get("staged_decode", "grouped"), x)
-    assert_close(got, x.oracle()[0], torch.float32, 256, "grouped")
+    got, _ = launch_variant(variant, x)
+    assert_close(got, x.oracle()[0], torch.float32, 256, variant.name)
 
 
+@pytest.mark.parametrize("variant", GROUPED, ids=[v.name for v in GROUPED])
 @pytest.mark.parametrize("mask", ["holes", "sparse holes", "none"])
 @pytest.mark.parametrize("chunk", [128, 100])
-def test_grouped_decode_runs_long_spans_in_several_chunks(chunk: int, mask: str, gen: torch.Generator) -> None:
+def test_grouped_decode_runs_long_spans_in_several_chunks(variant, chunk: int, mask: str, gen: torch.Generator) -> None:
     """Spans of about 260 keys in chunks of 128 keys, or 100 (not a power of two, nor a multiple of the
     16-key blocks: the last block of a chunk ends inside the next one), three or more programs per span with several blocks each, two rows with
     different masks (or none: K/V blocks through TMA): every chunk's partial is stored where its head's
     merge reads it. With 2% holes many chunks hold theirs only past their first keys: each program reads
-    its whole chunk's mask before it takes the loop that reads none."""
+    its whole chunk's mask before it takes the loop that reads none. stripe_spans chunks every stripe's span
+    the same way, and its merge finds the chosen stripes' chunks among them."""
     case = DecodeCase("fp32", 2, hkv=2, lkv=2048, pos=2000, power=FLOAT55, sw_index=6, mask=mask.split()[-1])
     x = make_decode_inputs(case, gen)
     if mask == "sparse holes":
         x.mask.copy_(torch.rand(x.mask.shape, generator=gen) >= 0.02)
     expected, traces = x.oracle()
     assert max(end - start + 1 for trace in traces.values() for _, _, start, end in trace.chosen) > 2 * 128
-    got, config = launch_variant(REGISTRY.get("staged_decode", "grouped"), x, changes={"chunk": chunk})
+    got, config = launch_variant(variant, x, changes={"chunk": chunk})
     assert config.chunk == chunk, f"the launch ran chunk {config.chunk}, not {chunk}"
-    assert_close(got, expected, torch.float32, case.lkv, "grouped")
+    assert_close(got, expected, torch.float32, case.lkv, variant.name)
 
 
 
+@pytest.mark.parametrize("variant", GROUPED, ids=[v.name for v in GROUPED])
 @pytest.mark.parametrize("block_k", [16, 64])
-def test_grouped_decode_ignores_nan_in_keys_nobody_attends(block_k: int, gen: torch.Generator) -> None:
+def test_grouped_decode_ignores_nan_in_keys_nobody_attends(variant, block_k: int, gen: torch.Generator) -> None:
     """Without a mask the span blocks come through TMA whole: the keys a last block reads past its span
     (before the window, and with 64-key blocks past the position too) must not reach the output, even
-    as NaN. K and V are NaN at every key that no span, window or stripe covers and after the position."""
+    as NaN. K and V are NaN at every key that no chosen span, window or stripe covers and after the position
+    (stripe_spans attends the spans nobody chooses too: their NaN partials must never be merged)."""
     case = DecodeCase("fp32", 2, "none", forward_factor=0.0, batch=1, lkv=300, pos=290, sw_index=5)
     x = make_decode_inputs(case, gen)
     expected, traces = x.oracle()
@@ -176,8 +184,36 @@ def test_grouped_decode_ignores_nan_in_keys_nobody_attends(block_k: int, gen: to
     assert len(unused) >= 32, f"only {len(unused)} unattended keys to poison"
     x.k[:, :, unused] = float("nan")
     x.v[:, :, unused] = float("nan")
-    got, _ = launch_variant(REGISTRY.get("staged_decode", "grouped"), x, block_k=block_k)
-    assert_close(got, expected, torch.float32, case.lkv, "grouped")
+    got, _ = launch_variant(variant, x, block_k=block_k)
+    assert_close(got, expected, torch.float32, case.lkv, variant.name)
+
+
+@pytest.mark.parametrize("variant", GROUPED, ids=[v.name for v in GROUPED])
+def test_grouped_decode_reads_each_query_with_its_own_strides(variant, gen: torch.Generator) -> None:
+    """Q1 contiguous and Q2 a slice of rows twice as wide, in a batch of two: the search reads Q1 with
+    Q1's strides and the window and span programs Q2 with Q2's (mixed up, a program reads another
+    head's or batch row's query)."""
+    case = DecodeCase("fp32", 2, hkv=2)
+    x = make_decode_inputs(case, gen)
+    wide = torch.randn(*x.q2.shape[:-1], 2 * case.dim, generator=gen)
+    wide[..., : case.dim] = x.q2
+    x = replace(x, q1=x.q1.contiguous(), q2=wide[..., : case.dim])
+    assert x.q2.stride()[:2] != x.q1.stride()[:2], "the queries share their strides"
+    got, _ = launch_variant(variant, x)
+    assert_close(got, x.oracle()[0], torch.float32, case.lkv, variant.name)
+
+
+@pytest.mark.parametrize("variant", GROUPED, ids=[v.name for v in GROUPED])
+def test_grouped_decode_without_a_window(variant, gen: torch.Generator) -> None:
+    """sw_index 0 (W = 0): no window programs' keys, spans end at the position, and a slot without a
+    span attends nothing (zeros before the gate)."""
+    case = DecodeCase("fp32", 2, hkv=2, sw_index=0)
+    x = make_decode_inputs(case, gen)
+    assert x.params.window == 0
+    expected, traces = x.oracle()
+    assert any(trace.chosen for trace in traces.values()), "no span chosen"
+    got, _ = launch_variant(variant, x)
+    assert_close(got, expected, torch.float32, case.lkv, variant.name)
 
 
 @pytest.mark.parametrize("chunk", [0, -64, 128.0, True])

@@ -85,7 +85,8 @@ def test_nan_in_masked_keys_and_values_never_shows(variant, gen: torch.Generator
     check(variant, poisoned, "NaN behind the mask")
 
 
-def test_grouped_first_allowed_key_is_read_only_before_the_window(gen: torch.Generator, monkeypatch) -> None:
+@pytest.mark.parametrize("name", ["grouped", "stripe_spans"])
+def test_grouped_first_allowed_key_is_read_only_before_the_window(name: str, gen: torch.Generator, monkeypatch) -> None:
     """Left padding across many 16-entry mask slices: row 1's first allowed key lies in its eighth
     slice, and row 0 allows nothing before the window (no stripe, window only)."""
     from superlinear_ops.decode import grouped_kernels
@@ -97,8 +98,8 @@ def test_grouped_first_allowed_key_is_read_only_before_the_window(gen: torch.Gen
     expected, traces = x.oracle()
     assert not any(tr.chosen for (b, _), tr in traces.items() if b == 0)
     assert all(tr.chosen for (b, _), tr in traces.items() if b == 1)
-    got, _ = launch_variant(REGISTRY.get("staged_decode", "grouped"), x)
-    assert_close(got, expected, torch.float32, CASE.lkv, "grouped, slices")
+    got, _ = launch_variant(REGISTRY.get("staged_decode", name), x)
+    assert_close(got, expected, torch.float32, CASE.lkv, f"{name}, slices")
 
 
 def test_bool_masks_reach_the_grouped_kernels_without_a_copy() -> None:

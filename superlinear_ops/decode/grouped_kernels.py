@@ -6,7 +6,9 @@
    then keep each head's local top-``TOPK`` (score, anchor position) candidates (the keys load
    does not wait for the mask: a masked stripe's score is dropped after the dot);
    window blocks score ``WINDOW_CHUNK`` window keys against all ``rep`` attention queries of the
-   group in one dot and write each head's partial softmax state.
+   group in one dot and write each head's partial softmax state. (For the ``stripe_spans`` decode,
+   ``stripe_spans_kernels``, the grid also holds a program per chunk of every stripe's span, which
+   attends it the same way; ``grouped_decode_attention`` launches none of them.)
 2. ``span_kernel``, one program per (chunk, span slot, head; batch): merges the candidates into the
    head's global top-``TOPK`` (highest score first; among ties the nearest anchor, i.e. the lowest
    stripe), turns its slot's anchor into the span [qstart, qend] with the exact span-length tables
@@ -30,6 +32,7 @@ from __future__ import annotations
 
 import functools
 import math
+from typing import NamedTuple
 
 import torch
 import triton
@@ -50,7 +53,7 @@ MIN_DOT = tl.constexpr(grouped_plan.MIN_DOT)  # smallest tl.dot extent
 
 
 @triton.jit
-def _decode_position(cache_pos_ptr, LAST, L_KV):
+def clamped_position(cache_pos_ptr, LAST, L_KV):
     """pos = the last cache position clamped to [0, L_KV - 1], as int64."""
     pos = tl.load(cache_pos_ptr + LAST).to(tl.int64)
     return tl.maximum(tl.minimum(pos, L_KV - 1), 0)
@@ -98,7 +101,7 @@ def _stripe_candidates(
 
 
 @triton.jit
-def _chosen_anchor(cand_score_ptr, cand_anchor_ptr, row, slot, N_CANDIDATES,
+def chosen_anchor(cand_score_ptr, cand_anchor_ptr, row, slot, N_CANDIDATES,
                    TOPK: tl.constexpr, CAND_POW2: tl.constexpr):
     """(score, anchor) of the head's ``slot``-th best candidate (score -inf: no anchor)."""
     offs = tl.arange(0, CAND_POW2)
@@ -158,6 +161,30 @@ def _attend_described(q, k_desc, v_desc, desc_row, lo, hi, qk_scale, BLOCK_K: tl
 
 
 @triton.jit
+def _group_partial(
+    Q2_ptr, K_ptr, V_ptr, mask_ptr, acc_ptr, m_ptr, l_ptr, group, batch, lo, hi, place, N_PLACES,
+    stride_qb, stride_qh, stride_kb, stride_kh, stride_kl, stride_mb, H_Q, REP, qk_scale,
+    REP_PAD: tl.constexpr, D_HEAD: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_K: tl.constexpr,
+    HAS_MASK: tl.constexpr, UPCAST: tl.constexpr,
+):
+    """Every head of the group attends keys lo..hi (the group's attention queries as one [REP_PAD, D]
+    tile); head h's partial softmax state goes to place ``place`` of its ``N_PLACES``."""
+    rows = tl.arange(0, REP_PAD)
+    heads = group * REP + rows
+    row_ok = rows < REP
+    offs_d = tl.arange(0, BLOCK_D)
+    d_mask = offs_d < D_HEAD
+    q = tl.load(Q2_ptr + batch * stride_qb + heads[:, None] * stride_qh + offs_d[None, :],
+                mask=row_ok[:, None] & d_mask[None, :], other=0.0)
+    acc, m, l = _attend(q, K_ptr, V_ptr, batch * stride_kb + group * stride_kh, stride_kl, mask_ptr,
+                        batch * stride_mb, lo, hi, offs_d, d_mask, qk_scale, BLOCK_K, HAS_MASK, UPCAST)
+    part = (batch * H_Q + heads) * N_PLACES + place
+    tl.store(acc_ptr + part[:, None] * D_HEAD + offs_d[None, :], acc, mask=row_ok[:, None] & d_mask[None, :])
+    tl.store(m_ptr + part, m, mask=row_ok)
+    tl.store(l_ptr + part, l, mask=row_ok)
+
+
+@triton.jit
 def _window_chunk(
     Q2_ptr, K_ptr, V_ptr, mask_ptr, acc_ptr, m_ptr, l_ptr, wchunk, group, batch, pos,
     stride_qb, stride_qh, stride_kb, stride_kh, stride_kl, stride_mb,
@@ -169,40 +196,81 @@ def _window_chunk(
     lo = window_lo + wchunk * WCHUNK
     hi = tl.minimum(window_hi, lo + WCHUNK - 1)
 
-    rows = tl.arange(0, REP_PAD)
-    heads = group * REP + rows
-    row_ok = rows < REP
-    offs_d = tl.arange(0, BLOCK_D)
-    d_mask = offs_d < D_HEAD
-    q = tl.load(Q2_ptr + batch * stride_qb + heads[:, None] * stride_qh + offs_d[None, :],
-                mask=row_ok[:, None] & d_mask[None, :], other=0.0)
-    acc, m, l = _attend(q, K_ptr, V_ptr, batch * stride_kb + group * stride_kh, stride_kl, mask_ptr,
-                        batch * stride_mb, lo, hi, offs_d, d_mask, qk_scale, WINDOW_BLOCK, HAS_MASK, UPCAST)
-    part = (batch * H_Q + heads) * N_WCHUNKS + wchunk
-    tl.store(acc_ptr + part[:, None] * D_HEAD + offs_d[None, :], acc, mask=row_ok[:, None] & d_mask[None, :])
-    tl.store(m_ptr + part, m, mask=row_ok)
-    tl.store(l_ptr + part, l, mask=row_ok)
+    _group_partial(Q2_ptr, K_ptr, V_ptr, mask_ptr, acc_ptr, m_ptr, l_ptr, group, batch, lo, hi, wchunk, N_WCHUNKS,
+                   stride_qb, stride_qh, stride_kb, stride_kh, stride_kl, stride_mb, H_Q, REP, qk_scale,
+                   REP_PAD, D_HEAD, BLOCK_D, WINDOW_BLOCK, HAS_MASK, UPCAST)
+
+
+@triton.jit
+def _first_allowed(mask_ptr, window_start, L_KV, SLICE: tl.constexpr):
+    """The first key before ``window_start`` that the mask row allows (L_KV when none), read
+    ``SLICE`` entries at a time until one is found."""
+    first = window_start * 0 + L_KV
+    start = window_start * 0
+    while (first == L_KV) & (start < window_start):
+        keys = start + tl.arange(0, SLICE)
+        read = keys < window_start
+        allowed = read & (tl.load(mask_ptr + keys, mask=read, other=0) != 0)
+        first = tl.min(tl.where(allowed, keys, L_KV), axis=0)
+        start += SLICE
+    return first
+
+
+@triton.jit
+def _stripe_span_chunk(
+    Q2_ptr, K_ptr, V_ptr, offsets_ptr, back_ptr, forward_ptr, mask_ptr, acc_ptr, m_ptr, l_ptr,
+    program, group, batch, pos, stride_qb, stride_qh, stride_kb, stride_kh, stride_kl, stride_mb,
+    H_Q, L_KV, REP, WINDOW, N_STRIPES, N_SCHUNKS, SCHUNK, qk_scale,
+    REP_PAD: tl.constexpr, D_HEAD: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_K: tl.constexpr, SLICE: tl.constexpr,
+    HAS_MASK: tl.constexpr, HAS_FORWARD: tl.constexpr, UPCAST: tl.constexpr,
+):
+    """Chunk ``program % N_SCHUNKS`` (``SCHUNK`` keys) of the span of stripe ``program // N_SCHUNKS``
+    for every head of the group, whether or not the search keeps that stripe: the span depends on
+    the stripe alone (SPEC section 3, step 3). A chunk past the span's end stores an empty partial; a
+    stripe that is not valid (outside [0, window start)) stores nothing: no head can choose it."""
+    stripe = program // N_SCHUNKS
+    chunk = program % N_SCHUNKS
+    t = pos + 1
+    window_start = tl.maximum(pos - WINDOW + 1, 0)
+    loc = t - tl.load(offsets_ptr + stripe)
+    if (loc >= 0) & (loc < window_start):
+        lo = tl.maximum(loc - tl.load(back_ptr + t), 0)
+        hi = loc
+        if HAS_FORWARD:
+            from_key = t
+            if HAS_MASK:  # the forward length counts from the row's first allowed key (0 when none)
+                first = _first_allowed(mask_ptr + batch * stride_mb, window_start, L_KV, SLICE)
+                from_key = tl.maximum(t - tl.where(first == L_KV, 0, first), 0)
+            hi = tl.minimum(loc + tl.load(forward_ptr + from_key), tl.where(WINDOW > 0, pos - WINDOW, pos))
+        lo = (lo + chunk * SCHUNK).to(tl.int32)
+        hi = tl.minimum(hi, lo + SCHUNK - 1).to(tl.int32)
+        _group_partial(Q2_ptr, K_ptr, V_ptr, mask_ptr, acc_ptr, m_ptr, l_ptr, group, batch, lo, hi, program,
+                       N_STRIPES * N_SCHUNKS, stride_qb, stride_qh, stride_kb, stride_kh, stride_kl, stride_mb, H_Q, REP,
+                       qk_scale, REP_PAD, D_HEAD, BLOCK_D, BLOCK_K, HAS_MASK, UPCAST)
 
 
 @triton.jit
 def group_kernel(
     Q1_ptr, Q2_ptr, K_ptr, V_ptr, offsets_ptr, cache_pos_ptr, mask_ptr, cand_score_ptr, cand_anchor_ptr,
-    win_acc_ptr, win_m_ptr, win_l_ptr, counter_ptr, first_ptr,
+    win_acc_ptr, win_m_ptr, win_l_ptr, counter_ptr, first_ptr, back_ptr, forward_ptr, span_acc_ptr, span_m_ptr,
+    span_l_ptr,
     stride_q1b, stride_q1h, stride_q2b, stride_q2h, stride_kb, stride_kh, stride_kl, stride_mb,
-    H_Q, L_KV, REP, WINDOW, LAST, N_STRIPES, N_BLOCKS, N_CANDIDATES, N_WCHUNKS, WCHUNK, N_SLICES, qk_scale,
+    H_Q, L_KV, REP, WINDOW, LAST, N_STRIPES, N_BLOCKS, N_CANDIDATES, N_WCHUNKS, WCHUNK, N_SLICES, SLICE_PROGRAMS,
+    N_SCHUNKS, SCHUNK, qk_scale,
     TOPK: tl.constexpr, BLOCK_S: tl.constexpr, REP_PAD: tl.constexpr, D_HEAD: tl.constexpr,
-    BLOCK_D: tl.constexpr, WINDOW_BLOCK: tl.constexpr, SLICE: tl.constexpr, HAS_MASK: tl.constexpr,
-    UPCAST: tl.constexpr, PDL: tl.constexpr,
+    BLOCK_D: tl.constexpr, WINDOW_BLOCK: tl.constexpr, SLICE: tl.constexpr, BLOCK_K: tl.constexpr,
+    HAS_MASK: tl.constexpr, HAS_FORWARD: tl.constexpr, UPCAST: tl.constexpr, PDL: tl.constexpr,
 ):
-    """Per (program, KV head, batch): a block of stripe candidates, a chunk of the window, or (for
-    forward spans under a mask) the first allowed key of ``SLICE`` mask entries.
+    """Per (program, KV head, batch): a block of stripe candidates, a chunk of the window, (for
+    forward spans under a mask, grouped) the first allowed key of ``SLICE`` mask entries, or (the
+    ``stripe_spans`` decode: the grid holds them only there) a chunk of one stripe's span.
     Program 0 of each group also zeroes its heads' finished-program counters for ``span_kernel``."""
     if PDL:
         gdc_launch_dependents()  # span_kernel may start launching; it waits for this grid's results
     pid = tl.program_id(0)
     group = tl.program_id(1).to(tl.int64)
     batch = tl.program_id(2).to(tl.int64)
-    pos = _decode_position(cache_pos_ptr, LAST, L_KV)
+    pos = clamped_position(cache_pos_ptr, LAST, L_KV)
     rows = tl.arange(0, REP_PAD)
     tl.store(counter_ptr + batch * H_Q + group * REP + rows, 0, mask=(rows < REP) & (rows * 0 + pid == 0))
     if pid < N_BLOCKS:
@@ -218,7 +286,7 @@ def group_kernel(
             H_Q, REP, WINDOW, N_WCHUNKS, WCHUNK, qk_scale,
             REP_PAD, D_HEAD, BLOCK_D, WINDOW_BLOCK, HAS_MASK, UPCAST,
         )
-    else:  # slices are dealt round-robin over the groups; the grid holds these programs only when needed
+    elif pid < N_BLOCKS + N_WCHUNKS + SLICE_PROGRAMS:  # slices dealt round-robin over the groups
         # Only keys before the window count: a first allowed key at or past the window start leaves
         # no stripe valid, so no span reads it (L_KV: none found, as for an empty row). The load
         # stops at that start rounded up to 16 keys (16-key runs keep the loads vectorised).
@@ -229,6 +297,14 @@ def group_kernel(
         allowed = read & (tl.load(mask_ptr + batch * stride_mb + keys, mask=read, other=0) != 0) & (keys < window_start)
         tl.store(first_ptr + batch * N_SLICES + piece, tl.min(tl.where(allowed, keys, L_KV), axis=0),
                  mask=piece < N_SLICES)
+    else:
+        _stripe_span_chunk(
+            Q2_ptr, K_ptr, V_ptr, offsets_ptr, back_ptr, forward_ptr, mask_ptr, span_acc_ptr, span_m_ptr, span_l_ptr,
+            pid - N_BLOCKS - N_WCHUNKS - SLICE_PROGRAMS, group, batch, pos,
+            stride_q2b, stride_q2h, stride_kb, stride_kh, stride_kl, stride_mb,
+            H_Q, L_KV, REP, WINDOW, N_STRIPES, N_SCHUNKS, SCHUNK, qk_scale,
+            REP_PAD, D_HEAD, BLOCK_D, BLOCK_K, SLICE, HAS_MASK, HAS_FORWARD, UPCAST,
+        )
 
 
 @triton.jit
@@ -257,7 +333,7 @@ def span_kernel(
     slot = head_slot % TOPK
     head = (head_slot // TOPK).to(tl.int64)
     row = batch * H_Q + head
-    pos = _decode_position(cache_pos_ptr, LAST, L_KV)
+    pos = clamped_position(cache_pos_ptr, LAST, L_KV)
     # Reads of what group_kernel does not write go before the wait: the query and the span tables.
     # The head's query is row 0 of a MIN_DOT-row tile (the other rows are zeros, never stored).
     rows = tl.arange(0, MIN_DOT)
@@ -273,7 +349,7 @@ def span_kernel(
             forward = tl.load(forward_ptr + t)
     if PDL:
         gdc_wait()
-    score, anchor = _chosen_anchor(cand_score_ptr, cand_anchor_ptr, row, slot, N_CANDIDATES, TOPK, CAND_POW2)
+    score, anchor = chosen_anchor(cand_score_ptr, cand_anchor_ptr, row, slot, N_CANDIDATES, TOPK, CAND_POW2)
     tl.store(chosen_ptr + row * TOPK + slot, score, mask=chunk == 0)
 
     # The span of the chosen anchor (empty, hi < lo, when no stripe was chosen).
@@ -314,8 +390,11 @@ def span_kernel(
     tl.debug_barrier()  # every thread's partial is written before the release below
     finished = tl.atomic_add(counter_ptr + row, 1, sem="acq_rel", scope="gpu")
     if finished == TOPK * N_CHUNKS - 1:
-        _gated_merge(acc_ptr, m_ptr, l_ptr, win_acc_ptr, win_m_ptr, win_l_ptr, chosen_ptr, Out_ptr, row,
-                     N_CHUNKS, N_WCHUNKS, TOPK, TOPK_POW2, CHUNKS_POW2, WCHUNKS_POW2, D_HEAD, BLOCK_D)
+        slots = tl.arange(0, TOPK_POW2)
+        scores = tl.load(chosen_ptr + row * TOPK + slots, mask=slots < TOPK, other=float("-inf"), cache_modifier=".cg")
+        gated_merge(acc_ptr, m_ptr, l_ptr, win_acc_ptr, win_m_ptr, win_l_ptr, Out_ptr, row, scores,
+                    (row * TOPK + slots) * N_CHUNKS, tl.zeros_like(slots) + N_CHUNKS, N_WCHUNKS,
+                    TOPK, TOPK_POW2, CHUNKS_POW2, WCHUNKS_POW2, D_HEAD, BLOCK_D)
 
 
 @triton.jit
@@ -337,19 +416,21 @@ def _merged_partials(acc_ptr, m_ptr, l_ptr, first, count, offs_d, d_mask,
 
 
 @triton.jit
-def _gated_merge(
-    span_acc_ptr, span_m_ptr, span_l_ptr, win_acc_ptr, win_m_ptr, win_l_ptr, chosen_ptr, Out_ptr, row,
-    N_CHUNKS, N_WCHUNKS,
+def gated_merge(
+    span_acc_ptr, span_m_ptr, span_l_ptr, win_acc_ptr, win_m_ptr, win_l_ptr, Out_ptr, row, scores, firsts, counts,
+    N_WCHUNKS,
     TOPK: tl.constexpr, TOPK_POW2: tl.constexpr, CHUNKS_POW2: tl.constexpr, WCHUNKS_POW2: tl.constexpr,
     D_HEAD: tl.constexpr, BLOCK_D: tl.constexpr,
 ):
-    """Row ``row``'s output: the window merged once, each span's chunks on top of it, gate-weighted."""
+    """Row ``row``'s output: the window merged once, each span's chunks on top of it, gate-weighted.
+
+    Per slot (vectors [TOPK_POW2]): the chosen score (-inf: no span), the index of its first
+    partial and how many consecutive partials it has."""
     offs_d = tl.arange(0, BLOCK_D)
     d_mask = offs_d < D_HEAD
 
     # Gate: softmax of the chosen spans' scores; uniform when no span was chosen.
     slots = tl.arange(0, TOPK_POW2)
-    scores = tl.load(chosen_ptr + row * TOPK + slots, mask=slots < TOPK, other=float("-inf"), cache_modifier=".cg")
     top = tl.max(scores, axis=0)
     any_chosen = top > float("-inf")
     weights = tl.where(any_chosen, tl.exp(scores - tl.where(any_chosen, top, 0.0)), 1.0)
@@ -360,8 +441,10 @@ def _gated_merge(
                                        offs_d, d_mask, WCHUNKS_POW2, D_HEAD)
     out = tl.zeros((BLOCK_D,), dtype=tl.float32)
     for j in tl.static_range(TOPK):
-        s_acc, s_m, s_l = _merged_partials(span_acc_ptr, span_m_ptr, span_l_ptr, (row * TOPK + j) * N_CHUNKS,
-                                           N_CHUNKS, offs_d, d_mask, CHUNKS_POW2, D_HEAD)
+        first = tl.sum(tl.where(slots == j, firsts, 0), axis=0)
+        count = tl.sum(tl.where(slots == j, counts, 0), axis=0)
+        s_acc, s_m, s_l = _merged_partials(span_acc_ptr, span_m_ptr, span_l_ptr, first, count, offs_d, d_mask,
+                                           CHUNKS_POW2, D_HEAD)
         m = tl.maximum(w_m, s_m)
         m_ref = tl.where(m == float("-inf"), 0.0, m)
         a_w, a_s = tl.exp2(w_m - m_ref), tl.exp2(s_m - m_ref)
@@ -384,6 +467,79 @@ def mask_operand(attention_mask: torch.Tensor) -> torch.Tensor:
     be one more pass over the whole mask every step)."""
     mask = unit_stride(attention_mask)
     return mask.view(torch.uint8) if mask.dtype == torch.bool else mask
+
+
+class GroupStage(NamedTuple):
+    """What ``group_kernel`` leaves for the launch after it, and the operands and buffers both share."""
+
+    q2: torch.Tensor
+    k: torch.Tensor
+    v: torch.Tensor
+    mask: torch.Tensor  # the keep-mask as the kernels read it (K, never read, without one)
+    kv_strides: tuple[int, int, int, int]  # K/V batch, head and key strides, the mask's row stride
+    plan: grouped_plan.LaunchPlan
+    span_parts: tuple[torch.Tensor, torch.Tensor, torch.Tensor]  # span partials: acc, m, l
+    window_parts: tuple[torch.Tensor, torch.Tensor, torch.Tensor]  # window partials: acc, m, l
+    chosen: torch.Tensor  # each (row, slot)'s chosen score (span_kernel)
+    candidates: tuple[torch.Tensor, torch.Tensor]  # candidate scores and anchors
+    counter: torch.Tensor  # finished-program counters, zeroed by group_kernel
+    first: torch.Tensor  # first allowed key per mask slice
+    out: torch.Tensor
+    last: int  # index of the decode position in its tensor
+    qk_scale: float
+    first_from_mask: bool
+    upcast: bool
+    pdl: bool
+
+
+def run_group_kernel(
+    q1: torch.Tensor, q2: torch.Tensor, k: torch.Tensor, v: torch.Tensor, decode_position: torch.Tensor,
+    attention_mask: torch.Tensor | None, offsets: torch.Tensor, back_table: torch.Tensor,
+    forward_table: torch.Tensor | None, window: int, topk: int, longest_span: int, block_k: int, chunk: int | None,
+    block_s: int, pdl: bool | None, stripe_spans: bool, num_warps: int = 4, num_stages: int = 3,
+) -> GroupStage:
+    """Launch ``group_kernel`` (``num_warps``, ``num_stages``) over buffers sized for the launch that
+    follows (arguments as ``grouped_decode_attention``): stripe candidates and window partials, and
+    with ``stripe_spans`` every stripe's span partials too."""
+    if chunk is not None and (isinstance(chunk, bool) or not isinstance(chunk, int) or chunk < 1):
+        raise ValueError(f"chunk: expected a positive int (keys per span program), got {chunk!r}")
+    batch, hq, _, dim = q1.shape
+    hkv, lkv = k.shape[1], k.shape[2]
+    device = q1.device
+    block_k = max(block_k, MIN_DOT.value)  # a forced smaller block_k still compiles
+    q1, q2 = unit_stride(q1), unit_stride(q2)
+    k, v = key_value_pair(k, v)
+    mask = k if attention_mask is None else mask_operand(attention_mask)  # k: never read
+    mask_stride = 0 if attention_mask is None else mask.stride(0)
+    has_forward = forward_table is not None
+    first_from_mask = has_forward and attention_mask is not None
+
+    plan = launch_plan(batch, hq, hkv, lkv, dim, topk, window, offsets.numel(), longest_span, block_k, chunk,
+                       block_s, first_from_mask, MASK_SLICE, _multiprocessors(device), stripe_spans)
+    work = torch.empty(sum(plan.work_sizes), dtype=torch.float32, device=device)
+    span_acc, span_m, span_l, win_acc, win_m, win_l, chosen, cand_score = work.split_with_sizes(plan.work_sizes)
+    counts = torch.empty(sum(plan.count_sizes), dtype=torch.int32, device=device)
+    cand_anchor, counter, first = counts.split_with_sizes(plan.count_sizes)
+    out = torch.empty(batch, hq, 1, dim, dtype=q2.dtype, device=device)
+
+    last = decode_position.numel() - 1
+    kv_strides = (k.stride(0), k.stride(1), k.stride(2), mask_stride)
+    qk_scale = LOG2E / math.sqrt(dim)
+    upcast = device.type == "cpu" and q1.dtype == torch.bfloat16  # see _dot
+    pdl = hopper_or_newer(device) if pdl is None else pdl
+    programs = plan.n_blocks + plan.n_wchunks + plan.slice_programs + plan.stripe_programs
+    group_kernel[(programs, hkv, batch)](
+        q1, q2, k, v, offsets, decode_position, mask, cand_score, cand_anchor, win_acc, win_m, win_l, counter, first,
+        back_table, back_table if forward_table is None else forward_table, span_acc, span_m, span_l,
+        q1.stride(0), q1.stride(1), q2.stride(0), q2.stride(1), *kv_strides,
+        hq, lkv, plan.rep, window, last, offsets.numel(), plan.n_blocks, plan.n_candidates, plan.n_wchunks,
+        WINDOW_CHUNK, plan.n_slices, plan.slice_programs, plan.n_chunks, plan.chunk, qk_scale,
+        TOPK=topk, BLOCK_S=block_s, REP_PAD=plan.rep_pad, D_HEAD=dim, BLOCK_D=plan.block_d, WINDOW_BLOCK=WINDOW_CHUNK,
+        SLICE=MASK_SLICE, BLOCK_K=block_k, HAS_MASK=attention_mask is not None, HAS_FORWARD=has_forward,
+        UPCAST=upcast, PDL=pdl, num_warps=num_warps, num_stages=num_stages,
+    )
+    return GroupStage(q2, k, v, mask, kv_strides, plan, (span_acc, span_m, span_l), (win_acc, win_m, win_l), chosen,
+                      (cand_score, cand_anchor), counter, first, out, last, qk_scale, first_from_mask, upcast, pdl)
 
 
 def grouped_decode_attention(
@@ -414,57 +570,26 @@ def grouped_decode_attention(
     ``chunk`` (keys per span program, any positive int) and ``pdl`` (programmatic dependent launch)
     default to ``span_chunk_length`` and ``hopper_or_newer`` (sm_90+).
     """
-    if chunk is not None and (isinstance(chunk, bool) or not isinstance(chunk, int) or chunk < 1):
-        raise ValueError(f"chunk: expected a positive int (keys per span program), got {chunk!r}")
-    batch, hq, _, dim = q1.shape
-    hkv, lkv = k.shape[1], k.shape[2]
-    device = q1.device
-    block_k = max(block_k, MIN_DOT.value)  # a forced smaller block_k still compiles
-    q1, q2 = unit_stride(q1), unit_stride(q2)
-    k, v = key_value_pair(k, v)
-    mask = k if attention_mask is None else mask_operand(attention_mask)  # k: never read
-    mask_stride = 0 if attention_mask is None else mask.stride(0)
-    has_forward = forward_table is not None
-    first_from_mask = has_forward and attention_mask is not None
-
-    plan = launch_plan(batch, hq, hkv, lkv, dim, topk, window, offsets.numel(), longest_span, block_k, chunk,
-                       block_s, first_from_mask, MASK_SLICE, _multiprocessors(device))
-    work = torch.empty(sum(plan.work_sizes), dtype=torch.float32, device=device)
-    span_acc, span_m, span_l, win_acc, win_m, win_l, chosen, cand_score = work.split_with_sizes(plan.work_sizes)
-    counts = torch.empty(sum(plan.count_sizes), dtype=torch.int32, device=device)
-    cand_anchor, counter, first = counts.split_with_sizes(plan.count_sizes)
-    out = torch.empty(batch, hq, 1, dim, dtype=q2.dtype, device=device)
-
-    last = decode_position.numel() - 1
-    kv_strides = (k.stride(0), k.stride(1), k.stride(2), mask_stride)
-    qk_scale = LOG2E / math.sqrt(dim)
-    has_mask = attention_mask is not None
-    upcast = device.type == "cpu" and q1.dtype == torch.bfloat16  # see _dot
-    pdl = hopper_or_newer(device) if pdl is None else pdl
-    group_kernel[(plan.n_blocks + plan.n_wchunks + plan.slice_programs, hkv, batch)](
-        q1, q2, k, v, offsets, decode_position, mask, cand_score, cand_anchor, win_acc, win_m, win_l, counter, first,
-        q1.stride(0), q1.stride(1), q2.stride(0), q2.stride(1), *kv_strides,
-        hq, lkv, plan.rep, window, last, offsets.numel(), plan.n_blocks, plan.n_candidates, plan.n_wchunks,
-        WINDOW_CHUNK, plan.n_slices, qk_scale,
-        TOPK=topk, BLOCK_S=block_s, REP_PAD=plan.rep_pad, D_HEAD=dim, BLOCK_D=plan.block_d, WINDOW_BLOCK=WINDOW_CHUNK,
-        SLICE=MASK_SLICE, HAS_MASK=has_mask, UPCAST=upcast, PDL=pdl, num_warps=4,
-    )
+    g = run_group_kernel(q1, q2, k, v, decode_position, attention_mask, offsets, back_table, forward_table, window,
+                         topk, longest_span, block_k, chunk, block_s, pdl, stripe_spans=False)
+    plan, (batch, hq, _, dim) = g.plan, q1.shape
+    block_k = max(block_k, MIN_DOT.value)
     # Span blocks through TMA without a mask (a last block's keys past its span are dropped in the
     # kernel); under a mask the pointer loads read masked keys as zeros.
-    descriptors = row_descriptors(k, v, block_k) if attention_mask is None else None
+    descriptors = row_descriptors(g.k, g.v, block_k) if attention_mask is None else None
     span_kernel[(hq * topk * plan.n_chunks, batch)](
-        q2, k, v, *(descriptors or (k, v)), cand_score, cand_anchor, back_table,
-        forward_table if has_forward else back_table, first,
-        decode_position, mask, span_acc, span_m, span_l, chosen, win_acc, win_m, win_l, counter, out,
-        q2.stride(0), q2.stride(1), *kv_strides,
-        hq, lkv, plan.rep, window, last, plan.n_candidates, plan.n_chunks, plan.n_wchunks,
-        plan.n_slices, qk_scale,
+        g.q2, g.k, g.v, *(descriptors or (g.k, g.v)), *g.candidates, back_table,
+        back_table if forward_table is None else forward_table, g.first,
+        decode_position, g.mask, *g.span_parts, g.chosen, *g.window_parts, g.counter, g.out,
+        g.q2.stride(0), g.q2.stride(1), *g.kv_strides,
+        hq, g.k.shape[2], plan.rep, window, g.last, plan.n_candidates, plan.n_chunks, plan.n_wchunks,
+        plan.n_slices, g.qk_scale,
         CHUNK=plan.chunk, CHUNK_POW2=pow2(plan.chunk), TOPK=topk, TOPK_POW2=pow2(topk),
         CAND_POW2=pow2(plan.n_candidates),
         SLICES_POW2=pow2(plan.n_slices), CHUNKS_POW2=pow2(plan.n_chunks), WCHUNKS_POW2=pow2(plan.n_wchunks),
-        D_HEAD=dim, BLOCK_D=plan.block_d, BLOCK_K=block_k, HAS_MASK=has_mask, HAS_FORWARD=has_forward,
-        FIRST_FROM_MASK=first_from_mask, KV_TMA=descriptors is not None, UPCAST=upcast, PDL=pdl,
-        num_warps=num_warps, num_stages=num_stages,
-        launch_pdl=pdl,
+        D_HEAD=dim, BLOCK_D=plan.block_d, BLOCK_K=block_k, HAS_MASK=attention_mask is not None,
+        HAS_FORWARD=forward_table is not None, FIRST_FROM_MASK=g.first_from_mask, KV_TMA=descriptors is not None,
+        UPCAST=g.upcast, PDL=g.pdl, num_warps=num_warps, num_stages=num_stages,
+        launch_pdl=g.pdl,
     )
-    return out
+    return g.out

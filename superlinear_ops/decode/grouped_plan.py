@@ -34,7 +34,8 @@ class LaunchPlan(NamedTuple):
     n_blocks: int
     n_candidates: int
     chunk: int
-    n_chunks: int
+    n_chunks: int  # chunks per span
+    stripe_programs: int  # per KV group: a program per (stripe, chunk) of every stripe's span (stripe_spans), else 0
     n_wchunks: int
     n_slices: int
     slice_programs: int
@@ -46,21 +47,25 @@ class LaunchPlan(NamedTuple):
 def launch_plan(
     batch: int, hq: int, hkv: int, lkv: int, dim: int, topk: int, window: int, n_stripes: int,
     longest_span: int, block_k: int, chunk: int | None, block_s: int, first_from_mask: bool, mask_slice: int,
-    multiprocessors: int,
+    multiprocessors: int, stripe_spans: bool = False,
 ) -> LaunchPlan:
-    """The grids and buffer sizes of one grouped decode shape."""
+    """The grids and buffer sizes of one grouped decode shape: span partials per (head, slot, chunk),
+    or with ``stripe_spans`` per (head, stripe, chunk) for every stripe of the table."""
     n_blocks = cdiv(n_stripes, block_s)
     n_candidates = n_blocks * topk
-    chunk = chunk or span_chunk_length(longest_span, batch * hq * topk, multiprocessors, block_k)
+    spans = batch * hkv * n_stripes if stripe_spans else batch * hq * topk
+    chunk = chunk or span_chunk_length(longest_span, spans, multiprocessors, block_k)
     n_chunks = cdiv(longest_span, chunk)
     n_wchunks = max(cdiv(window, WINDOW_CHUNK), 1)
-    n_slices = cdiv(lkv, mask_slice) if first_from_mask else 1
+    first_from_slices = first_from_mask and not stripe_spans  # stripe_spans programs find the first key themselves
+    n_slices = cdiv(lkv, mask_slice) if first_from_slices else 1
     rows = batch * hq
-    span_parts, window_parts = rows * topk * n_chunks, rows * n_wchunks
+    span_parts, window_parts = rows * (n_stripes if stripe_spans else topk) * n_chunks, rows * n_wchunks
     return LaunchPlan(
         rep=hq // hkv, rep_pad=max(pow2(hq // hkv), MIN_DOT), block_d=max(pow2(dim), MIN_DOT),
-        n_blocks=n_blocks, n_candidates=n_candidates, chunk=chunk, n_chunks=n_chunks, n_wchunks=n_wchunks,
-        n_slices=n_slices, slice_programs=cdiv(n_slices, hkv) if first_from_mask else 0,
+        n_blocks=n_blocks, n_candidates=n_candidates, chunk=chunk, n_chunks=n_chunks,
+        stripe_programs=n_stripes * n_chunks if stripe_spans else 0, n_wchunks=n_wchunks,
+        n_slices=n_slices, slice_programs=cdiv(n_slices, hkv) if first_from_slices else 0,
         work_sizes=(span_parts * dim, span_parts, span_parts, window_parts * dim, window_parts, window_parts,
                     rows * topk, rows * n_candidates),
         count_sizes=(rows * n_candidates, rows, batch * n_slices),
