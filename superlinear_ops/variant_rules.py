@@ -69,16 +69,17 @@ STRIPE_SPANS_KEYS = 1 << 19
 STRIPE_SPANS_BYTES = 1 << 28
 
 
+def _span_bound(problem: Problem) -> int:
+    """back + forward + 1 span keys at the problem's key length: no decode span is longer."""
+    backward_factor, forward_factor, span_power = problem.factors
+    return (geometry.ceil_scaled_power(backward_factor, problem.keys, span_power)
+            + geometry.ceil_scaled_power(forward_factor, problem.keys, span_power) + 1)
+
+
 def _stripes_and_longest_span(problem: Problem) -> tuple[int, int]:
     """(stripes of the key length's table, keys of its longest span): what stripe_spans attends per group."""
-    backward_factor, forward_factor, span_power = problem.factors
-    longest = min(
-        geometry.ceil_scaled_power(backward_factor, problem.keys, span_power)
-        + geometry.ceil_scaled_power(forward_factor, problem.keys, span_power) + 1,
-        problem.keys,
-    )
     stripes = geometry.stripe_count(problem.keys, problem.sw_index, problem.params) - problem.sw_index  # i > sw_index
-    return stripes, longest
+    return stripes, min(_span_bound(problem), problem.keys)
 
 
 def stripe_spans_reasons(problem: Problem) -> list[str]:
@@ -243,13 +244,8 @@ def grouped_default(problem: Problem) -> KernelConfig:
     from .decode.grouped_kernels import span_chunk_length  # imports Triton on first use only
 
     block_k = 64 if problem.head_dim <= 128 else 32
-    backward_factor, forward_factor, span_power = problem.factors
-    longest_span = (
-        geometry.ceil_scaled_power(backward_factor, problem.keys, span_power)
-        + geometry.ceil_scaled_power(forward_factor, problem.keys, span_power) + 1
-    )
     spans = problem.batch * problem.q_heads * problem.spans
-    chunk = span_chunk_length(longest_span, spans, max(problem.device.multiprocessors, 1), block_k)
+    chunk = span_chunk_length(_span_bound(problem), spans, max(problem.device.multiprocessors, 1), block_k)
     for stages in (3, 2, 1):
         config = KernelConfig(block_k=block_k, num_warps=4, num_stages=stages, chunk=chunk)
         if stages == 1 or resource_check(2, problem, config) is None:
