@@ -6,6 +6,8 @@ answer. None of this is launched, so none of it enters a variant's code hash.
 
 from __future__ import annotations
 
+from functools import partial
+
 from . import geometry
 from .arch_check import compiled_part_reason
 from .buckets import next_power_of_two
@@ -241,32 +243,32 @@ def grouped_default(problem: Problem) -> KernelConfig:
     stages up to 3 that fit (64/4/3 was within 4% of the best at every model-M context in the H200
     sweep, docs/benchmarks/h200-decode-sweep.json) and span chunks that give about four programs
     per multiprocessor."""
-    from .decode.grouped_kernels import span_chunk_length  # imports Triton on first use only
-
-    block_k = 64 if problem.head_dim <= 128 else 32
-    spans = problem.batch * problem.q_heads * problem.spans
-    chunk = span_chunk_length(_span_bound(problem), spans, max(problem.device.multiprocessors, 1), block_k)
-    for stages in (3, 2, 1):
-        config = KernelConfig(block_k=block_k, num_warps=4, num_stages=stages, chunk=chunk)
-        if stages == 1 or resource_check(2, problem, config) is None:
-            return config
-    raise AssertionError("unreachable")
+    return _decode_default(problem, _span_bound(problem), problem.batch * problem.q_heads * problem.spans,
+                           partial(resource_check, 2))
 
 
 def stripe_spans_default(problem: Problem) -> KernelConfig:
     """Heuristic stripe_spans configuration: the grouped tiles, with chunks of every stripe's span
     that give about four programs per multiprocessor, made longer until the partials fit."""
+    stripes, longest = _stripes_and_longest_span(problem)
+    return _decode_default(problem, longest, problem.batch * problem.kv_heads * stripes, stripe_spans_check,
+                           longer_chunks=True)
+
+
+def _decode_default(problem: Problem, span_keys: int, spans: int, check, longer_chunks: bool = False) -> KernelConfig:
+    """The grouped decodes' heuristic: 64-key tiles (32 past D = 128), 4 warps, chunks of ``spans``
+    spans of ``span_keys`` keys that give about four programs per multiprocessor (with
+    ``longer_chunks``, doubled up to ``span_keys`` until ``check`` passes), and the most stages up to
+    3 that ``check`` passes."""
     from .decode.grouped_kernels import span_chunk_length  # imports Triton on first use only
 
-    stripes, longest = _stripes_and_longest_span(problem)
     block_k = 64 if problem.head_dim <= 128 else 32
-    spans = problem.batch * problem.kv_heads * stripes
-    chunk = span_chunk_length(longest, spans, max(problem.device.multiprocessors, 1), block_k)
+    chunk = span_chunk_length(span_keys, spans, max(problem.device.multiprocessors, 1), block_k)
     for stages in (3, 2, 1):
         config = KernelConfig(block_k=block_k, num_warps=4, num_stages=stages, chunk=chunk)
-        while stripe_spans_check(problem, config) is not None and config.chunk < longest:
+        while longer_chunks and check(problem, config) is not None and config.chunk < span_keys:
             config = config.replace(chunk=2 * config.chunk)
-        if stages == 1 or stripe_spans_check(problem, config) is None:
+        if stages == 1 or check(problem, config) is None:
             return config
     raise AssertionError("unreachable")
 
