@@ -8,7 +8,7 @@
    window blocks score ``WINDOW_CHUNK`` window keys against all ``rep`` attention queries of the
    group in one dot and write each head's partial softmax state. (For the ``stripe_spans`` decode,
    ``stripe_spans_kernels``, the grid also holds a program per chunk of every stripe's span, which
-   attends it the same way; ``grouped_decode_attention`` launches none of them.)
+   attends it the same way; ``grouped_decode_attention`` neither launches nor compiles them.)
 2. ``span_kernel``, one program per (chunk, span slot, head; batch): merges the candidates into the
    head's global top-``TOPK`` (highest score first; among ties the nearest anchor, i.e. the lowest
    stripe), turns its slot's anchor into the span [qstart, qend] with the exact span-length tables
@@ -162,13 +162,14 @@ def _attend_described(q, k_desc, v_desc, desc_row, lo, hi, qk_scale, BLOCK_K: tl
 
 @triton.jit
 def _group_partial(
-    Q2_ptr, K_ptr, V_ptr, mask_ptr, acc_ptr, m_ptr, l_ptr, group, batch, lo, hi, place, N_PLACES,
-    stride_qb, stride_qh, stride_kb, stride_kh, stride_kl, stride_mb, H_Q, REP, qk_scale,
+    Q2_ptr, K_ptr, V_ptr, k_desc, v_desc, mask_ptr, acc_ptr, m_ptr, l_ptr, group, batch, lo, hi, place, N_PLACES,
+    stride_qb, stride_qh, stride_kb, stride_kh, stride_kl, stride_mb, H_Q, L_KV, REP, qk_scale,
     REP_PAD: tl.constexpr, D_HEAD: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_K: tl.constexpr,
-    HAS_MASK: tl.constexpr, UPCAST: tl.constexpr,
+    HAS_MASK: tl.constexpr, KV_TMA: tl.constexpr, UPCAST: tl.constexpr,
 ):
     """Every head of the group attends keys lo..hi (the group's attention queries as one [REP_PAD, D]
-    tile); head h's partial softmax state goes to place ``place`` of its ``N_PLACES``."""
+    tile; without a mask, through TMA where ``KV_TMA``); head h's partial softmax state goes to
+    place ``place`` of its ``N_PLACES``."""
     rows = tl.arange(0, REP_PAD)
     heads = group * REP + rows
     row_ok = rows < REP
@@ -176,8 +177,12 @@ def _group_partial(
     d_mask = offs_d < D_HEAD
     q = tl.load(Q2_ptr + batch * stride_qb + heads[:, None] * stride_qh + offs_d[None, :],
                 mask=row_ok[:, None] & d_mask[None, :], other=0.0)
-    acc, m, l = _attend(q, K_ptr, V_ptr, batch * stride_kb + group * stride_kh, stride_kl, mask_ptr,
-                        batch * stride_mb, lo, hi, offs_d, d_mask, qk_scale, BLOCK_K, HAS_MASK, UPCAST)
+    if KV_TMA and not HAS_MASK:
+        desc_row = ((batch * (H_Q // REP) + group) * L_KV).to(tl.int32)
+        acc, m, l = _attend_described(q, k_desc, v_desc, desc_row, lo, hi, qk_scale, BLOCK_K, UPCAST)
+    else:
+        acc, m, l = _attend(q, K_ptr, V_ptr, batch * stride_kb + group * stride_kh, stride_kl, mask_ptr,
+                            batch * stride_mb, lo, hi, offs_d, d_mask, qk_scale, BLOCK_K, HAS_MASK, UPCAST)
     part = (batch * H_Q + heads) * N_PLACES + place
     tl.store(acc_ptr + part[:, None] * D_HEAD + offs_d[None, :], acc, mask=row_ok[:, None] & d_mask[None, :])
     tl.store(m_ptr + part, m, mask=row_ok)
@@ -195,10 +200,10 @@ def _window_chunk(
     window_lo, window_hi = window_bounds(pos.to(tl.int32), WINDOW)
     lo = window_lo + wchunk * WCHUNK
     hi = tl.minimum(window_hi, lo + WCHUNK - 1)
-
-    _group_partial(Q2_ptr, K_ptr, V_ptr, mask_ptr, acc_ptr, m_ptr, l_ptr, group, batch, lo, hi, wchunk, N_WCHUNKS,
-                   stride_qb, stride_qh, stride_kb, stride_kh, stride_kl, stride_mb, H_Q, REP, qk_scale,
-                   REP_PAD, D_HEAD, BLOCK_D, WINDOW_BLOCK, HAS_MASK, UPCAST)
+    # Pointer loads: WINDOW_BLOCK need not be the descriptors' block (L_KV, which only they use, is 0).
+    _group_partial(Q2_ptr, K_ptr, V_ptr, K_ptr, V_ptr, mask_ptr, acc_ptr, m_ptr, l_ptr, group, batch, lo, hi, wchunk,
+                   N_WCHUNKS, stride_qb, stride_qh, stride_kb, stride_kh, stride_kl, stride_mb, H_Q, 0, REP, qk_scale,
+                   REP_PAD, D_HEAD, BLOCK_D, WINDOW_BLOCK, HAS_MASK, False, UPCAST)
 
 
 @triton.jit
@@ -218,53 +223,70 @@ def _first_allowed(mask_ptr, window_start, L_KV, SLICE: tl.constexpr):
 
 @triton.jit
 def _stripe_span_chunk(
-    Q2_ptr, K_ptr, V_ptr, offsets_ptr, back_ptr, forward_ptr, mask_ptr, acc_ptr, m_ptr, l_ptr,
+    Q2_ptr, K_ptr, V_ptr, k_desc, v_desc, offsets_ptr, back_ptr, forward_ptr, mask_ptr, acc_ptr, m_ptr, l_ptr,
     program, group, batch, pos, stride_qb, stride_qh, stride_kb, stride_kh, stride_kl, stride_mb,
     H_Q, L_KV, REP, WINDOW, N_STRIPES, N_SCHUNKS, SCHUNK, qk_scale,
-    REP_PAD: tl.constexpr, D_HEAD: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_K: tl.constexpr, SLICE: tl.constexpr,
-    HAS_MASK: tl.constexpr, HAS_FORWARD: tl.constexpr, UPCAST: tl.constexpr,
+    REP_PAD: tl.constexpr, D_HEAD: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_K: tl.constexpr,
+    SCHUNK_POW2: tl.constexpr, SLICE: tl.constexpr, HAS_MASK: tl.constexpr, HAS_FORWARD: tl.constexpr,
+    KV_TMA: tl.constexpr, UPCAST: tl.constexpr,
 ):
     """Chunk ``program % N_SCHUNKS`` (``SCHUNK`` keys) of the span of stripe ``program // N_SCHUNKS``
     for every head of the group, whether or not the search keeps that stripe: the span depends on
     the stripe alone (SPEC section 3, step 3). A chunk past the span's end stores an empty partial; a
-    stripe that is not valid (outside [0, window start)) stores nothing: no head can choose it."""
+    stripe that is not valid (outside [0, window start)) stores nothing: no head can choose it.
+
+    Under a mask the chunk's mask is read once, beside the scan for the row's first allowed key
+    (the forward length counts from it, so it can only shorten the span: the read covers the
+    longest the chunk can be); a chunk whose keys the mask all allows runs as without a mask."""
     stripe = program // N_SCHUNKS
     chunk = program % N_SCHUNKS
+    places = N_STRIPES * N_SCHUNKS  # partials per row
     t = pos + 1
     window_start = tl.maximum(pos - WINDOW + 1, 0)
     loc = t - tl.load(offsets_ptr + stripe)
     if (loc >= 0) & (loc < window_start):
-        lo = tl.maximum(loc - tl.load(back_ptr + t), 0)
+        lo = (tl.maximum(loc - tl.load(back_ptr + t), 0) + chunk * SCHUNK).to(tl.int32)
         hi = loc
-        if HAS_FORWARD:
-            from_key = t
-            if HAS_MASK:  # the forward length counts from the row's first allowed key (0 when none)
-                first = _first_allowed(mask_ptr + batch * stride_mb, window_start, L_KV, SLICE)
-                from_key = tl.maximum(t - tl.where(first == L_KV, 0, first), 0)
-            hi = tl.minimum(loc + tl.load(forward_ptr + from_key), tl.where(WINDOW > 0, pos - WINDOW, pos))
-        lo = (lo + chunk * SCHUNK).to(tl.int32)
+        if HAS_FORWARD:  # the forward length of a row whose first allowed key is key 0: the longest
+            hi = tl.minimum(loc + tl.load(forward_ptr + t), pos - WINDOW)
         hi = tl.minimum(hi, lo + SCHUNK - 1).to(tl.int32)
-        _group_partial(Q2_ptr, K_ptr, V_ptr, mask_ptr, acc_ptr, m_ptr, l_ptr, group, batch, lo, hi, program,
-                       N_STRIPES * N_SCHUNKS, stride_qb, stride_qh, stride_kb, stride_kh, stride_kl, stride_mb, H_Q, REP,
-                       qk_scale, REP_PAD, D_HEAD, BLOCK_D, BLOCK_K, HAS_MASK, UPCAST)
+        masked = HAS_MASK
+        if HAS_MASK:
+            keys = lo + tl.arange(0, SCHUNK_POW2)
+            hidden = tl.load(mask_ptr + batch * stride_mb + keys, mask=keys <= hi, other=1) == 0
+            if HAS_FORWARD:
+                first = _first_allowed(mask_ptr + batch * stride_mb, window_start, L_KV, SLICE)
+                if (first > 0) & (first < L_KV):
+                    hi = tl.minimum(hi, loc + tl.load(forward_ptr + t - first)).to(tl.int32)
+            masked = tl.max(hidden.to(tl.int32), axis=0) > 0
+        if masked:
+            _group_partial(Q2_ptr, K_ptr, V_ptr, k_desc, v_desc, mask_ptr, acc_ptr, m_ptr, l_ptr, group, batch, lo, hi,
+                           program, places, stride_qb, stride_qh, stride_kb, stride_kh, stride_kl,
+                           stride_mb, H_Q, L_KV, REP, qk_scale, REP_PAD, D_HEAD, BLOCK_D, BLOCK_K, True, KV_TMA, UPCAST)
+        else:
+            _group_partial(Q2_ptr, K_ptr, V_ptr, k_desc, v_desc, mask_ptr, acc_ptr, m_ptr, l_ptr, group, batch, lo, hi,
+                           program, places, stride_qb, stride_qh, stride_kb, stride_kh, stride_kl,
+                           stride_mb, H_Q, L_KV, REP, qk_scale, REP_PAD, D_HEAD, BLOCK_D, BLOCK_K, False, KV_TMA, UPCAST)
 
 
 @triton.jit
 def group_kernel(
     Q1_ptr, Q2_ptr, K_ptr, V_ptr, offsets_ptr, cache_pos_ptr, mask_ptr, cand_score_ptr, cand_anchor_ptr,
     win_acc_ptr, win_m_ptr, win_l_ptr, counter_ptr, first_ptr, back_ptr, forward_ptr, span_acc_ptr, span_m_ptr,
-    span_l_ptr,
+    span_l_ptr, k_desc, v_desc,
     stride_q1b, stride_q1h, stride_q2b, stride_q2h, stride_kb, stride_kh, stride_kl, stride_mb,
-    H_Q, L_KV, REP, WINDOW, LAST, N_STRIPES, N_BLOCKS, N_CANDIDATES, N_WCHUNKS, WCHUNK, N_SLICES, SLICE_PROGRAMS,
+    H_Q, L_KV, REP, WINDOW, LAST, N_STRIPES, N_BLOCKS, N_CANDIDATES, N_WCHUNKS, WCHUNK, N_SLICES,
     N_SCHUNKS, SCHUNK, qk_scale,
     TOPK: tl.constexpr, BLOCK_S: tl.constexpr, REP_PAD: tl.constexpr, D_HEAD: tl.constexpr,
     BLOCK_D: tl.constexpr, WINDOW_BLOCK: tl.constexpr, SLICE: tl.constexpr, BLOCK_K: tl.constexpr,
-    HAS_MASK: tl.constexpr, HAS_FORWARD: tl.constexpr, UPCAST: tl.constexpr, PDL: tl.constexpr,
+    SCHUNK_POW2: tl.constexpr, HAS_MASK: tl.constexpr, HAS_FORWARD: tl.constexpr, STRIPE_SPANS: tl.constexpr,
+    KV_TMA: tl.constexpr, UPCAST: tl.constexpr, PDL: tl.constexpr,
 ):
-    """Per (program, KV head, batch): a block of stripe candidates, a chunk of the window, (for
-    forward spans under a mask, grouped) the first allowed key of ``SLICE`` mask entries, or (the
-    ``stripe_spans`` decode: the grid holds them only there) a chunk of one stripe's span.
-    Program 0 of each group also zeroes its heads' finished-program counters for ``span_kernel``."""
+    """Per (program, KV head, batch): a block of stripe candidates, a chunk of the window, and then
+    with ``STRIPE_SPANS`` a chunk of one stripe's span (``SCHUNK`` keys in ``BLOCK_K``-key blocks,
+    through TMA where ``KV_TMA``), else (forward spans under a mask) the first allowed key of
+    ``SLICE`` mask entries. Program 0 of each group also zeroes its heads' finished-program
+    counters for ``span_kernel``."""
     if PDL:
         gdc_launch_dependents()  # span_kernel may start launching; it waits for this grid's results
     pid = tl.program_id(0)
@@ -286,7 +308,15 @@ def group_kernel(
             H_Q, REP, WINDOW, N_WCHUNKS, WCHUNK, qk_scale,
             REP_PAD, D_HEAD, BLOCK_D, WINDOW_BLOCK, HAS_MASK, UPCAST,
         )
-    elif pid < N_BLOCKS + N_WCHUNKS + SLICE_PROGRAMS:  # slices dealt round-robin over the groups
+    elif STRIPE_SPANS:
+        _stripe_span_chunk(
+            Q2_ptr, K_ptr, V_ptr, k_desc, v_desc, offsets_ptr, back_ptr, forward_ptr, mask_ptr, span_acc_ptr,
+            span_m_ptr, span_l_ptr, pid - N_BLOCKS - N_WCHUNKS, group, batch, pos,
+            stride_q2b, stride_q2h, stride_kb, stride_kh, stride_kl, stride_mb,
+            H_Q, L_KV, REP, WINDOW, N_STRIPES, N_SCHUNKS, SCHUNK, qk_scale,
+            REP_PAD, D_HEAD, BLOCK_D, BLOCK_K, SCHUNK_POW2, SLICE, HAS_MASK, HAS_FORWARD, KV_TMA, UPCAST,
+        )
+    else:  # mask slices dealt round-robin over the groups
         # Only keys before the window count: a first allowed key at or past the window start leaves
         # no stripe valid, so no span reads it (L_KV: none found, as for an empty row). The load
         # stops at that start rounded up to 16 keys (16-key runs keep the loads vectorised).
@@ -297,14 +327,6 @@ def group_kernel(
         allowed = read & (tl.load(mask_ptr + batch * stride_mb + keys, mask=read, other=0) != 0) & (keys < window_start)
         tl.store(first_ptr + batch * N_SLICES + piece, tl.min(tl.where(allowed, keys, L_KV), axis=0),
                  mask=piece < N_SLICES)
-    else:
-        _stripe_span_chunk(
-            Q2_ptr, K_ptr, V_ptr, offsets_ptr, back_ptr, forward_ptr, mask_ptr, span_acc_ptr, span_m_ptr, span_l_ptr,
-            pid - N_BLOCKS - N_WCHUNKS - SLICE_PROGRAMS, group, batch, pos,
-            stride_q2b, stride_q2h, stride_kb, stride_kh, stride_kl, stride_mb,
-            H_Q, L_KV, REP, WINDOW, N_STRIPES, N_SCHUNKS, SCHUNK, qk_scale,
-            REP_PAD, D_HEAD, BLOCK_D, BLOCK_K, SLICE, HAS_MASK, HAS_FORWARD, UPCAST,
-        )
 
 
 @triton.jit
@@ -360,8 +382,7 @@ def span_kernel(
             slices = tl.arange(0, SLICES_POW2)
             first = tl.min(tl.load(first_ptr + batch * N_SLICES + slices, mask=slices < N_SLICES, other=L_KV), axis=0)
             forward = tl.load(forward_ptr + tl.maximum(t - tl.where(first == L_KV, 0, first), 0))
-        limit = tl.where(WINDOW > 0, pos - WINDOW, pos)
-        hi = tl.minimum(anchor + forward, limit)
+        hi = tl.minimum(anchor + forward, pos - WINDOW)  # the key before the window
     hi = tl.where(score > float("-inf"), hi, -1)
     lo = (lo + chunk * CHUNK).to(tl.int32)
     hi = tl.minimum(hi, lo + CHUNK - 1).to(tl.int32)
@@ -528,15 +549,21 @@ def run_group_kernel(
     upcast = device.type == "cpu" and q1.dtype == torch.bfloat16  # see _dot
     pdl = hopper_or_newer(device) if pdl is None else pdl
     programs = plan.n_blocks + plan.n_wchunks + plan.slice_programs + plan.stripe_programs
+    # Stripe-span blocks through TMA (under a mask, the chunks it allows whole); the constexprs only
+    # stripe-span programs read stay fixed without them, so grouped compiles once per shape.
+    descriptors = row_descriptors(k, v, block_k) if stripe_spans else None
+    span_block, chunk_pow2 = (block_k, pow2(plan.chunk)) if stripe_spans else (MIN_DOT.value, MIN_DOT.value)
     group_kernel[(programs, hkv, batch)](
         q1, q2, k, v, offsets, decode_position, mask, cand_score, cand_anchor, win_acc, win_m, win_l, counter, first,
         back_table, back_table if forward_table is None else forward_table, span_acc, span_m, span_l,
+        *(descriptors or (k, v)),
         q1.stride(0), q1.stride(1), q2.stride(0), q2.stride(1), *kv_strides,
         hq, lkv, plan.rep, window, last, offsets.numel(), plan.n_blocks, plan.n_candidates, plan.n_wchunks,
-        WINDOW_CHUNK, plan.n_slices, plan.slice_programs, plan.n_chunks, plan.chunk, qk_scale,
+        WINDOW_CHUNK, plan.n_slices, plan.n_chunks, plan.chunk, qk_scale,
         TOPK=topk, BLOCK_S=block_s, REP_PAD=plan.rep_pad, D_HEAD=dim, BLOCK_D=plan.block_d, WINDOW_BLOCK=WINDOW_CHUNK,
-        SLICE=MASK_SLICE, BLOCK_K=block_k, HAS_MASK=attention_mask is not None, HAS_FORWARD=has_forward,
-        UPCAST=upcast, PDL=pdl, num_warps=num_warps, num_stages=num_stages,
+        SLICE=MASK_SLICE, BLOCK_K=span_block, SCHUNK_POW2=chunk_pow2, HAS_MASK=attention_mask is not None,
+        HAS_FORWARD=has_forward, STRIPE_SPANS=stripe_spans, KV_TMA=descriptors is not None, UPCAST=upcast, PDL=pdl,
+        num_warps=num_warps, num_stages=num_stages,
     )
     return GroupStage(q2, k, v, mask, kv_strides, plan, (span_acc, span_m, span_l), (win_acc, win_m, win_l), chosen,
                       (cand_score, cand_anchor), counter, first, out, last, qk_scale, first_from_mask, upcast, pdl)
