@@ -86,6 +86,21 @@ def test_nan_in_masked_keys_and_values_never_shows(variant, gen: torch.Generator
 
 
 @pytest.mark.parametrize("name", ["grouped", "stripe_spans"])
+@pytest.mark.parametrize("kinds", [None, ("holes", "left_padding")], ids=["no-mask", "holes-left_padding"])
+def test_grouped_pointer_loads_where_tma_is_not_allowed(name: str, kinds, gen: torch.Generator) -> None:
+    """K and V whose batch rows are one row expanded (stride 0) are no evenly spaced run of rows: no
+    TMA descriptors, so every span block takes the pointer loads (masked keys read as zeros)."""
+    from superlinear_ops.kernels.window_attention import row_descriptors
+
+    x = make_decode_inputs(CASE, gen)
+    x = replace(x, k=x.k[:1].expand_as(x.k), v=x.v[:1].expand_as(x.v))
+    if kinds is not None:
+        x = masked(x, kinds, gen)
+    assert row_descriptors(x.k, x.v, 64) is None
+    check(REGISTRY.get("staged_decode", name), x, f"expanded K/V, mask {kinds}")
+
+
+@pytest.mark.parametrize("name", ["grouped", "stripe_spans"])
 def test_grouped_first_allowed_key_is_read_only_before_the_window(name: str, gen: torch.Generator, monkeypatch) -> None:
     """Left padding across many 16-entry mask slices: row 1's first allowed key lies in its eighth
     slice, and row 0 allows nothing before the window (no stripe, window only)."""
