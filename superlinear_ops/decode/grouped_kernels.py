@@ -1,14 +1,16 @@
 """Staged decode in two launches, with every key that a KV group shares read once for the group.
 
-1. ``group_kernel``, one program per (block, KV head, batch), two kinds of blocks:
-   stripe blocks gather their stripe keys once and score them against the search queries of all
+1. ``group_kernel``, one program per (block, KV head, batch), two kinds of blocks (and, below,
+   the mask-slice or stripe-span programs): stripe blocks gather their stripe keys once and score them against the search queries of all
    ``rep`` query heads of the group in one dot (fp32 accumulation, unscaled; invalid stripes -inf),
    then keep each head's local top-``TOPK`` (score, anchor position) candidates (the keys load
    does not wait for the mask: a masked stripe's score is dropped after the dot);
    window blocks score ``WINDOW_CHUNK`` window keys against all ``rep`` attention queries of the
-   group in one dot and write each head's partial softmax state. (For the ``stripe_spans`` decode,
-   ``stripe_spans_kernels``, the grid also holds a program per chunk of every stripe's span, which
-   attends it the same way; ``grouped_decode_attention`` neither launches nor compiles them.)
+   group in one dot and write each head's partial softmax state. For forward spans under a mask
+   the grid also holds programs that each find the first allowed key of ``MASK_SLICE`` mask
+   entries (``span_kernel`` takes the minimum); for the ``stripe_spans`` decode
+   (``stripe_spans_kernels``) it holds instead a program per chunk of every stripe's span, which
+   attends it the same way (``grouped_decode_attention`` neither launches nor compiles them).
 2. ``span_kernel``, one program per (chunk, span slot, head; batch): merges the candidates into the
    head's global top-``TOPK`` (highest score first; among ties the nearest anchor, i.e. the lowest
    stripe), turns its slot's anchor into the span [qstart, qend] with the exact span-length tables
@@ -550,7 +552,7 @@ def run_group_kernel(
     pdl = hopper_or_newer(device) if pdl is None else pdl
     programs = plan.n_blocks + plan.n_wchunks + plan.slice_programs + plan.stripe_programs
     # Stripe-span blocks through TMA (under a mask, the chunks it allows whole); the constexprs only
-    # stripe-span programs read stay fixed without them, so grouped compiles once per shape.
+    # stripe-span programs read stay fixed without them, so grouped's block_k adds no compilation.
     descriptors = row_descriptors(k, v, block_k) if stripe_spans else None
     span_block, chunk_pow2 = (block_k, pow2(plan.chunk)) if stripe_spans else (MIN_DOT.value, MIN_DOT.value)
     group_kernel[(programs, hkv, batch)](
