@@ -12,6 +12,7 @@ from . import geometry
 from .arch_check import compiled_part_reason
 from .buckets import next_power_of_two
 from .kernels.launch import KernelConfig
+from .ops.spec import span_length  # no decode span at the problem's key length is longer
 from .problem import SPAN_BACKWARD, SPAN_FORWARD, Problem
 
 MAX_VALUES_PER_THREAD = 256  # fp32 tile values per thread above which kernels spill
@@ -71,17 +72,10 @@ STRIPE_SPANS_KEYS = 1 << 19
 STRIPE_SPANS_BYTES = 1 << 28
 
 
-def _span_bound(problem: Problem) -> int:
-    """back + forward + 1 span keys at the problem's key length: no decode span is longer."""
-    backward_factor, forward_factor, span_power = problem.factors
-    return (geometry.ceil_scaled_power(backward_factor, problem.keys, span_power)
-            + geometry.ceil_scaled_power(forward_factor, problem.keys, span_power) + 1)
-
-
 def _stripes_and_longest_span(problem: Problem) -> tuple[int, int]:
     """(stripes of the key length's table, keys of its longest span): what stripe_spans attends per group."""
     stripes = geometry.stripe_count(problem.keys, problem.sw_index, problem.params) - problem.sw_index  # i > sw_index
-    return stripes, min(_span_bound(problem), problem.keys)
+    return stripes, min(span_length(problem.factors, problem.keys), problem.keys)
 
 
 def stripe_spans_reasons(problem: Problem) -> list[str]:
@@ -243,8 +237,8 @@ def grouped_default(problem: Problem) -> KernelConfig:
     stages up to 3 that fit (64/4/3 was within 4% of the best at every model-M context in the H200
     sweep, docs/benchmarks/h200-decode-sweep.json) and span chunks that give about four programs
     per multiprocessor."""
-    return _decode_default(problem, _span_bound(problem), problem.batch * problem.q_heads * problem.spans,
-                           partial(resource_check, 2))
+    spans = problem.batch * problem.q_heads * problem.spans
+    return _decode_default(problem, span_length(problem.factors, problem.keys), spans, partial(resource_check, 2))
 
 
 def stripe_spans_default(problem: Problem) -> KernelConfig:
