@@ -184,7 +184,7 @@ PLANTS = {
     "grouped TMA: rows of the first batch row's keys": (G, "desc_row = ((batch * (H_Q // REP) + head // REP) * L_KV)", "desc_row = ((head // REP) * L_KV)", decode("grouped")),
     "stripe_spans: merge takes the next stripe's partials": (SS, "stripe = tl.sum((offsets < t - anchor).to(tl.int32), axis=0)", "stripe = tl.sum((offsets <= t - anchor).to(tl.int32), axis=0)", decode("stripe_spans")),
     "stripe_spans: merge drops each span's last chunk": (SS, "counts = tl.where(scores > float(\"-inf\"), N_SCHUNKS, 0)", "counts = tl.where(scores > float(\"-inf\"), N_SCHUNKS - 1, 0)", "tests/test_decode.py -k 'several_chunks and stripe_spans'"),
-    "stripe_spans: bf16 output scaled by 1.01": (SS, "    return g.out\n", "    return g.out * 1.01 if q2.dtype == torch.bfloat16 else g.out\n", decode("stripe_spans")),
+    "stripe_spans: bf16 output scaled by 1.01": (SS, "    return g.out\n", "    return g.out * 1.01 if g.q2.dtype == torch.bfloat16 else g.out\n", decode("stripe_spans")),
     "stripe_spans: a stripe's span starts one key early": (G, "lo = (tl.maximum(loc - tl.load(back_ptr + t), 0) + chunk", "lo = (tl.maximum(loc - tl.load(back_ptr + t) - 1, 0) + chunk", decode("stripe_spans")),
     "stripe_spans: forward length ignores the first allowed key": (G, "if (first > 0) & (first < L_KV):", "if first < 0:", decode("stripe_spans")),
     "stripe_spans: first allowed key read in the first slice only": (G, "while (first == L_KV) & (start < window_start):", "while (start == 0) & (start < window_start):", "tests/test_decode.py -k 'first_allowed and stripe_spans'"),

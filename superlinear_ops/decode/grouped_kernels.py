@@ -590,6 +590,7 @@ def grouped_decode_attention(
     chunk: int | None = None,
     block_s: int = 64,
     pdl: bool | None = None,
+    stripe_spans: bool = False,
 ) -> torch.Tensor:
     """Staged decode output [B, Hq, 1, D] (SPEC section 3) for validated inputs.
 
@@ -597,10 +598,17 @@ def grouped_decode_attention(
     ``offsets`` are the stripe offsets, ``back_table``/``forward_table`` the span-length tables
     (forward None when the forward factor is 0); spans hold at most ``longest_span`` keys.
     ``chunk`` (keys per span program, any positive int) and ``pdl`` (programmatic dependent launch)
-    default to ``span_chunk_length`` and ``hopper_or_newer`` (sm_90+).
+    default to ``span_chunk_length`` and ``hopper_or_newer`` (sm_90+). ``num_warps``/``num_stages``
+    are those of the launch that attends the spans: ``span_kernel``, or with ``stripe_spans``
+    (``stripe_spans_kernels``: every stripe's span attended beside the search) ``group_kernel``.
     """
+    group_tiles = dict(num_warps=num_warps, num_stages=num_stages) if stripe_spans else {}
     g = run_group_kernel(q1, q2, k, v, decode_position, attention_mask, offsets, back_table, forward_table, window,
-                         topk, longest_span, block_k, chunk, block_s, pdl, stripe_spans=False)
+                         topk, longest_span, block_k, chunk, block_s, pdl, stripe_spans, **group_tiles)
+    if stripe_spans:
+        from .stripe_spans_kernels import merge_chosen_stripes  # that module imports this one
+
+        return merge_chosen_stripes(g, offsets, decode_position, topk)
     plan, (batch, hq, _, dim) = g.plan, q1.shape
     block_k = max(block_k, MIN_DOT.value)
     # Span blocks through TMA without a mask (a last block's keys past its span are dropped in the

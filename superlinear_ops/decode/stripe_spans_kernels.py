@@ -12,6 +12,7 @@ The spans of all stripes are about ``stripes / topk`` times the keys of the chos
 per group instead of once per head: cheaper than waiting for the search when both are small (model
 M at 4K: 32 stripes of 391 keys), dearer at long contexts, where the registry's ``grouped`` variant
 attends only the chosen spans. Grids and buffers depend only on shapes, never on the position.
+``grouped_kernels.grouped_decode_attention(..., stripe_spans=True)`` runs both launches.
 """
 
 from __future__ import annotations
@@ -21,10 +22,10 @@ import triton
 import triton.language as tl
 from triton.language.extra.cuda import gdc_wait
 
-from .grouped_kernels import chosen_anchor, clamped_position, gated_merge, run_group_kernel
+from .grouped_kernels import GroupStage, chosen_anchor, clamped_position, gated_merge
 from .grouped_plan import pow2
 
-__all__ = ["stripe_spans_attention"]
+__all__ = ["merge_chosen_stripes"]
 
 
 @triton.jit
@@ -56,34 +57,10 @@ def stripe_merge_kernel(
                 counts, N_WCHUNKS, TOPK, TOPK_POW2, SCHUNKS_POW2, WCHUNKS_POW2, D_HEAD, BLOCK_D)
 
 
-def stripe_spans_attention(
-    q1: torch.Tensor,
-    q2: torch.Tensor,
-    k: torch.Tensor,
-    v: torch.Tensor,
-    decode_position: torch.Tensor,
-    attention_mask: torch.Tensor | None,
-    offsets: torch.Tensor,
-    back_table: torch.Tensor,
-    forward_table: torch.Tensor | None,
-    window: int,
-    topk: int,
-    longest_span: int,
-    block_k: int = 64,
-    num_warps: int = 4,
-    num_stages: int = 3,
-    chunk: int | None = None,
-    block_s: int = 64,
-    pdl: bool | None = None,
-) -> torch.Tensor:
-    """Staged decode output [B, Hq, 1, D] (SPEC section 3) for validated inputs, every stripe's span
-    attended beside the search; arguments as ``grouped_kernels.grouped_decode_attention`` (``chunk``:
-    keys per stripe-span program; ``num_warps``/``num_stages``: the first launch's, whose programs
-    attend the spans)."""
-    g = run_group_kernel(q1, q2, k, v, decode_position, attention_mask, offsets, back_table, forward_table, window,
-                         topk, longest_span, block_k, chunk, block_s, pdl, stripe_spans=True, num_warps=num_warps,
-                         num_stages=num_stages)
-    plan, (batch, hq, _, dim) = g.plan, q1.shape
+def merge_chosen_stripes(g: GroupStage, offsets: torch.Tensor, decode_position: torch.Tensor, topk: int) -> torch.Tensor:
+    """The second launch after ``run_group_kernel(..., stripe_spans=True)``: each head's chosen
+    stripes' span partials merged with the window's under the gate, into ``g.out`` (returned)."""
+    plan, (batch, hq, _, dim) = g.plan, g.q2.shape
     stripe_merge_kernel[(hq, batch)](
         *g.candidates, offsets, decode_position, *g.span_parts, *g.window_parts, g.out,
         hq, g.k.shape[2], g.last, plan.n_candidates, offsets.numel(), plan.n_chunks, plan.n_wchunks,
