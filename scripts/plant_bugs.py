@@ -232,6 +232,8 @@ PLANTS = {
     "window tables: no window read as a window of one key": (WTB, "return lo, tl.where(WINDOW > 0, last, lo - 1)", "return lo, tl.where(WINDOW >= 0, last, lo - 1)", f"{WTABLES}"),
     "row masks: the last key of each row dropped": (C, "(offs_n[None, :] <= row_hi[:, None])", "(offs_n[None, :] < row_hi[:, None])", f"{FWD} -k tc_tiles"),
     "tuner re-tune forgets the earlier winner": (TUNE, "earlier=earlier)", "earlier=None)", "tests/test_tuner.py -k retune"),
+    "store: a writer that lost the schema race gives up": ("superlinear_ops/cache/store.py", "            try:\n                store._check_schema(create=True)\n            except StoreError:\n                store.close()\n                raise", "            store.close()\n            raise", "tests/test_cache_concurrency.py -k schema"),
+    "store: a rival's schema skipped and a second version row added": ("superlinear_ops/cache/store.py", "metadata.create_all(conn, checkfirst=False)", "metadata.create_all(conn)", "tests/test_cache_concurrency.py -k schema"),
     "hardening: topk not clamped to the stripes": (SETTINGS, "return settings if torch.compiler.is_compiling() else settings.for_keys(key_length)", "return settings", f"{INPUTS} -k huge_topk"),
 }
 
@@ -253,8 +255,8 @@ def run_tests(copy: pathlib.Path, target: str, env: dict) -> tuple[bool, str]:
                             env=env, capture_output=True, text=True)
     lines = result.stdout.strip().splitlines() or ["(no output)"]
     last = lines[-1]
-    raised = re.search(r"^E\s+(\w+(?:Error|Exception|Exit))\b", result.stdout, re.MULTILINE)
-    kind = raised.group(1) if raised else "no exception shown"
+    raised = re.search(r"^E\s+(assert|\w+(?:Error|Exception|Exit))\b", result.stdout, re.MULTILINE)
+    kind = "no exception shown" if raised is None else {"assert": "AssertionError"}.get(raised.group(1), raised.group(1))
     caught = result.returncode == 1 and re.search(r"\d+ failed", last) is not None and kind == "AssertionError"
     return caught, f"exit {result.returncode}, {kind}: {last}"
 

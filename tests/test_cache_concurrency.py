@@ -13,7 +13,8 @@ from concurrent.futures import ProcessPoolExecutor
 from cache_helpers import make_entry, make_key, write_entries
 from sqlalchemy import create_engine
 
-from superlinear_ops.cache.store import Store, metadata
+from superlinear_ops.cache.schema import SCHEMA_VERSION
+from superlinear_ops.cache.store import Store, StoreError, metadata, schema_table
 
 WORKERS, PER_WORKER = 8, 200
 
@@ -48,6 +49,49 @@ def test_postgresql_store_semantics_and_eight_writers(postgres_url: str) -> None
     metadata.drop_all(engine)  # the schema again from scratch, for the eight writers
     engine.dispose()
     hammer(postgres_url)
+
+
+def store_one_entry(url: str, barrier=None) -> str:
+    """Wait for every process (with a barrier), open ``url`` for writing, store one entry; what happened."""
+    if barrier is not None:
+        barrier.wait()
+    try:
+        with Store.writer(url) as store:
+            store.put(make_entry(0))
+            return f"{len(store.entries())} entry"
+    except StoreError as err:
+        return str(err)
+
+
+def schema_rows(url: str) -> list:
+    engine = create_engine(url)
+    with engine.connect() as conn:
+        rows = conn.execute(schema_table.select()).all()
+    engine.dispose()
+    return rows
+
+
+def test_fresh_postgresql_writers_starting_together_share_one_schema(postgres_url: str) -> None:
+    with multiprocessing.get_context("spawn").Manager() as manager:
+        barrier = manager.Barrier(WORKERS)
+        with ProcessPoolExecutor(WORKERS, mp_context=multiprocessing.get_context("spawn")) as pool:
+            outcomes = list(pool.map(store_one_entry, [postgres_url] * WORKERS, [barrier] * WORKERS))
+    assert outcomes == ["1 entry"] * WORKERS
+    assert schema_rows(postgres_url) == [(SCHEMA_VERSION,)]
+
+
+def test_a_postgresql_writer_that_loses_the_schema_race_uses_the_winners_schema(postgres_url, monkeypatch) -> None:
+    """(SQLite's writer holds its lock from its first look, so no rival gets in there.)"""
+    create_all = metadata.create_all
+
+    def rival_creates_first(conn, **kwargs) -> None:
+        monkeypatch.setattr(metadata, "create_all", create_all)
+        Store.writer(postgres_url).close()  # another process creates the schema after we looked, before we create
+        create_all(conn, **kwargs)
+
+    monkeypatch.setattr(metadata, "create_all", rival_creates_first)
+    assert store_one_entry(postgres_url) == "1 entry"
+    assert schema_rows(postgres_url) == [(SCHEMA_VERSION,)]
 
 
 WRITER = textwrap.dedent(

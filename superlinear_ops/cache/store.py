@@ -249,7 +249,16 @@ class Store:
             if path.is_file() and path.stat().st_size:
                 cls._probe_sqlite(url)
         store = cls(url, _engine(url, writer=True), writable=True)
-        store._check_schema(create=True)
+        try:
+            store._check_schema(create=True)
+        except StoreError:
+            # another process may have created the schema between our look and our create (PostgreSQL then
+            # raises a unique violation); look again once: a store that is really unusable fails the same way
+            try:
+                store._check_schema(create=True)
+            except StoreError:
+                store.close()
+                raise
         return store
 
     @classmethod
@@ -294,7 +303,9 @@ class Store:
                     raise StoreError(f"store {self.url} has no {schema_table.name} table (not a superlinear-ops store)")
                 if entries_table.name in tables:
                     raise StoreError(f"store {self.url} has an entries table but no schema table; refusing to write to it")
-                metadata.create_all(conn)  # beside any other application's tables, which stay untouched
+                # beside any other application's tables, which stay untouched; a rival's tables, created since
+                # we looked, make this fail rather than be skipped (Store.writer then looks again)
+                metadata.create_all(conn, checkfirst=False)
                 conn.execute(schema_table.insert().values(version=SCHEMA_VERSION))
                 return
             version = conn.execute(select(schema_table.c.version)).scalar()

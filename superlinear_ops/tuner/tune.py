@@ -289,6 +289,7 @@ def tune(
     interrupted = False
     try:
         if workers > 1:
+            Store.writer(cache).close()  # create the store's schema once, before the workers start
             _run_workers(workers, workload_path, settings, storage or default_storage(), cache, only)
         else:
             total = sum((settings.trials or 0) for _ in cases) or None
