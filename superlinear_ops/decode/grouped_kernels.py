@@ -16,10 +16,9 @@
    stripe), turns its slot's anchor into the span [qstart, qend] with the exact span-length tables
    (SPEC section 3, steps 1-3; the tables and the query are read before the wait for
    ``group_kernel``) and runs the online softmax over ``CHUNK`` keys of it (one query row padded to
-   a 16-row tile: both products are tensor-core dots whose K/V tiles Triton stages through shared
-   memory; without a mask each block comes whole through the tensor memory accelerator: 1.04x at
-   model M's 4K decode on the H200). Under a mask it first reads the chunk's mask once: a chunk
-   whose keys the mask all allows runs the loop without reading it again. The head's last program
+   a 16-row tile: both products are tensor-core dots; each block of keys comes whole through the
+   tensor memory accelerator, and under a mask its mask entries, read one block ahead, drop the keys
+   the mask hides: the mask costs one byte per key). The head's last program
    to finish (an atomic counter) merges the window's partials once, each span's partials on top of
    them (O_j = softmax over span_j and the window, zeros when empty) and writes the gate-weighted
    sum of the O_j (steps 4-5) in Q's dtype.
@@ -141,24 +140,61 @@ def _attend(
 
 
 @triton.jit
-def _attend_described(q, k_desc, v_desc, desc_row, lo, hi, qk_scale, BLOCK_K: tl.constexpr, UPCAST: tl.constexpr):
-    """``_attend`` without a mask, each block of keys loaded whole by the tensor memory accelerator
-    from row ``desc_row`` + its first key of the [keys, D] descriptors. A last block that runs past
-    ``hi`` has those keys' scores set to -inf and their values to 0 (nobody attends them: a NaN there
-    must not reach the output through a zero weight)."""
+def _kept_block(acc, m, l, q, k_desc, v_desc, row, keep, qk_scale, UPCAST: tl.constexpr):
+    """One online-softmax step over a block loaded whole by the tensor memory accelerator from
+    ``row`` of the [keys, D] descriptors; keys where ``keep`` is False get score -inf and value 0
+    (nobody attends them: a NaN there must not reach the output through a zero weight)."""
+    k = k_desc.load([row, 0])
+    v = tl.where(keep[:, None], v_desc.load([row, 0]), 0.0)
+    s = tl.where(keep[None, :], tc_dot(q, tl.trans(k), UPCAST), float("-inf"))
+    return online_softmax_step(acc, m, l, s, v, qk_scale, UPCAST)
+
+
+@triton.jit
+def _attend_described(q, k_desc, v_desc, desc_row, lo, hi, mask_row_ptr, qk_scale, BLOCK_K: tl.constexpr,
+                      HAS_MASK: tl.constexpr, UPCAST: tl.constexpr):
+    """``_attend`` with each block of keys loaded whole by the tensor memory accelerator from row
+    ``desc_row`` + its first key of the [keys, D] descriptors; keys past ``hi`` and, with
+    ``HAS_MASK``, keys the mask row at ``mask_row_ptr`` hides are dropped (``_kept_block``). Under
+    a mask each block's mask entries are read one block ahead, beside the loads they decide."""
     acc = tl.zeros((q.shape[0], q.shape[1]), dtype=tl.float32)
     m = tl.full((q.shape[0],), float("-inf"), tl.float32)
     l = tl.zeros((q.shape[0],), dtype=tl.float32)
-    whole_end = lo + tl.maximum(hi - lo + 1, 0) // BLOCK_K * BLOCK_K  # blocks lo.. whole_end - 1 lie in the span
-    for start in range(lo, whole_end, BLOCK_K):
-        acc, m, l = attend_described_block(acc, m, l, q, k_desc, v_desc, desc_row + start, start, lo, hi, qk_scale,
-                                           BLOCK_K, False, UPCAST)
-    if whole_end <= hi:
-        keep = whole_end + tl.arange(0, BLOCK_K) <= hi
-        k = k_desc.load([desc_row + whole_end, 0])
-        v = tl.where(keep[:, None], v_desc.load([desc_row + whole_end, 0]), 0.0)
-        s = tl.where(keep[None, :], tc_dot(q, tl.trans(k), UPCAST), float("-inf"))
-        acc, m, l = online_softmax_step(acc, m, l, s, v, qk_scale, UPCAST)
+    offs = tl.arange(0, BLOCK_K)
+    if HAS_MASK:
+        keep = (lo + offs <= hi) & (tl.load(mask_row_ptr + lo + offs, mask=lo + offs <= hi, other=0) != 0)
+        for start in range(lo, hi + 1, BLOCK_K):
+            ahead = start + BLOCK_K + offs
+            keep_ahead = (ahead <= hi) & (tl.load(mask_row_ptr + ahead, mask=ahead <= hi, other=0) != 0)
+            acc, m, l = _kept_block(acc, m, l, q, k_desc, v_desc, desc_row + start, keep, qk_scale, UPCAST)
+            keep = keep_ahead
+    else:
+        whole_end = lo + tl.maximum(hi - lo + 1, 0) // BLOCK_K * BLOCK_K  # blocks lo.. whole_end - 1 lie in the span
+        for start in range(lo, whole_end, BLOCK_K):
+            acc, m, l = attend_described_block(acc, m, l, q, k_desc, v_desc, desc_row + start, start, lo, hi,
+                                               qk_scale, BLOCK_K, False, UPCAST)
+        if whole_end <= hi:
+            acc, m, l = _kept_block(acc, m, l, q, k_desc, v_desc, desc_row + whole_end, whole_end + offs <= hi,
+                                    qk_scale, UPCAST)
+    return acc, m, l
+
+
+@triton.jit
+def _attend_keys(
+    q, K_ptr, V_ptr, k_desc, v_desc, mask_ptr, batch, kv_head, lo, hi, stride_kb, stride_kh, stride_kl, stride_mb,
+    H_KV, L_KV, offs_d, d_mask, qk_scale,
+    BLOCK_K: tl.constexpr, HAS_MASK: tl.constexpr, KV_TMA: tl.constexpr, UPCAST: tl.constexpr,
+):
+    """Online softmax of the query rows q over keys lo..hi of KV head ``kv_head`` of batch row
+    ``batch`` (as the mask row allows with ``HAS_MASK``): through TMA where ``KV_TMA``, else by
+    pointer loads (K/V rows that no descriptor describes, e.g. batch rows expanded from one)."""
+    if KV_TMA:
+        desc_row = ((batch * H_KV + kv_head) * L_KV).to(tl.int32)
+        acc, m, l = _attend_described(q, k_desc, v_desc, desc_row, lo, hi, mask_ptr + batch * stride_mb, qk_scale,
+                                      BLOCK_K, HAS_MASK, UPCAST)
+    else:
+        acc, m, l = _attend(q, K_ptr, V_ptr, batch * stride_kb + kv_head * stride_kh, stride_kl, mask_ptr,
+                            batch * stride_mb, lo, hi, offs_d, d_mask, qk_scale, BLOCK_K, HAS_MASK, UPCAST)
     return acc, m, l
 
 
@@ -170,8 +206,8 @@ def _group_partial(
     HAS_MASK: tl.constexpr, KV_TMA: tl.constexpr, UPCAST: tl.constexpr,
 ):
     """Every head of the group attends keys lo..hi (the group's attention queries as one [REP_PAD, D]
-    tile; without a mask, through TMA where ``KV_TMA``); head h's partial softmax state goes to
-    place ``place`` of its ``N_PLACES``."""
+    tile; through TMA where ``KV_TMA``); head h's partial softmax state goes to place ``place`` of
+    its ``N_PLACES``."""
     rows = tl.arange(0, REP_PAD)
     heads = group * REP + rows
     row_ok = rows < REP
@@ -179,12 +215,9 @@ def _group_partial(
     d_mask = offs_d < D_HEAD
     q = tl.load(Q2_ptr + batch * stride_qb + heads[:, None] * stride_qh + offs_d[None, :],
                 mask=row_ok[:, None] & d_mask[None, :], other=0.0)
-    if KV_TMA and not HAS_MASK:
-        desc_row = ((batch * (H_Q // REP) + group) * L_KV).to(tl.int32)
-        acc, m, l = _attend_described(q, k_desc, v_desc, desc_row, lo, hi, qk_scale, BLOCK_K, UPCAST)
-    else:
-        acc, m, l = _attend(q, K_ptr, V_ptr, batch * stride_kb + group * stride_kh, stride_kl, mask_ptr,
-                            batch * stride_mb, lo, hi, offs_d, d_mask, qk_scale, BLOCK_K, HAS_MASK, UPCAST)
+    acc, m, l = _attend_keys(q, K_ptr, V_ptr, k_desc, v_desc, mask_ptr, batch, group, lo, hi, stride_kb, stride_kh,
+                             stride_kl, stride_mb, H_Q // REP, L_KV, offs_d, d_mask, qk_scale, BLOCK_K, HAS_MASK, KV_TMA,
+                             UPCAST)
     part = (batch * H_Q + heads) * N_PLACES + place
     tl.store(acc_ptr + part[:, None] * D_HEAD + offs_d[None, :], acc, mask=row_ok[:, None] & d_mask[None, :])
     tl.store(m_ptr + part, m, mask=row_ok)
@@ -239,7 +272,9 @@ def _stripe_span_chunk(
 
     Under a mask the chunk's mask is read once, beside the scan for the row's first allowed key
     (the forward length counts from it, so it can only shorten the span: the read covers the
-    longest the chunk can be); a chunk whose keys the mask all allows runs as without a mask."""
+    longest the chunk can be); a chunk whose keys the mask all allows runs as without a mask, one
+    with hidden keys by pointer loads (TMA with the mask read per block made model M's 4K decode
+    with a mask of ones 1.4 us slower on the H200: docs/device-runs/h200-decode-tma-mask.txt)."""
     stripe = program // N_SCHUNKS
     chunk = program % N_SCHUNKS
     places = N_STRIPES * N_SCHUNKS  # partials per row
@@ -264,7 +299,7 @@ def _stripe_span_chunk(
         if masked:
             _group_partial(Q2_ptr, K_ptr, V_ptr, k_desc, v_desc, mask_ptr, acc_ptr, m_ptr, l_ptr, group, batch, lo, hi,
                            program, places, stride_qb, stride_qh, stride_kb, stride_kh, stride_kl,
-                           stride_mb, H_Q, L_KV, REP, qk_scale, REP_PAD, D_HEAD, BLOCK_D, BLOCK_K, True, KV_TMA, UPCAST)
+                           stride_mb, H_Q, L_KV, REP, qk_scale, REP_PAD, D_HEAD, BLOCK_D, BLOCK_K, True, False, UPCAST)
         else:
             _group_partial(Q2_ptr, K_ptr, V_ptr, k_desc, v_desc, mask_ptr, acc_ptr, m_ptr, l_ptr, group, batch, lo, hi,
                            program, places, stride_qb, stride_qh, stride_kb, stride_kh, stride_kl,
@@ -337,7 +372,7 @@ def span_kernel(
     cache_pos_ptr, mask_ptr, acc_ptr, m_ptr, l_ptr, chosen_ptr, win_acc_ptr, win_m_ptr, win_l_ptr, counter_ptr,
     Out_ptr, stride_qb, stride_qh, stride_kb, stride_kh, stride_kl, stride_mb,
     H_Q, L_KV, REP, WINDOW, LAST, N_CANDIDATES, N_CHUNKS, N_WCHUNKS, N_SLICES, qk_scale,
-    CHUNK: tl.constexpr, CHUNK_POW2: tl.constexpr, TOPK: tl.constexpr, TOPK_POW2: tl.constexpr,
+    CHUNK: tl.constexpr, TOPK: tl.constexpr, TOPK_POW2: tl.constexpr,
     CAND_POW2: tl.constexpr, CHUNKS_POW2: tl.constexpr, SLICES_POW2: tl.constexpr,
     WCHUNKS_POW2: tl.constexpr, D_HEAD: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_K: tl.constexpr,
     HAS_MASK: tl.constexpr, HAS_FORWARD: tl.constexpr, FIRST_FROM_MASK: tl.constexpr, KV_TMA: tl.constexpr,
@@ -388,21 +423,9 @@ def span_kernel(
     hi = tl.where(score > float("-inf"), hi, -1)
     lo = (lo + chunk * CHUNK).to(tl.int32)
     hi = tl.minimum(hi, lo + CHUNK - 1).to(tl.int32)
-    kv_base = batch * stride_kb + (head // REP) * stride_kh
-    masked = HAS_MASK
-    if HAS_MASK:  # one read of the chunk's mask: where it allows every key, the loop reads no mask
-        keys = lo + tl.arange(0, CHUNK_POW2)
-        hidden = tl.load(mask_ptr + batch * stride_mb + keys, mask=keys <= hi, other=1) == 0
-        masked = tl.max(hidden.to(tl.int32), axis=0) > 0
-    if KV_TMA:  # no mask
-        desc_row = ((batch * (H_Q // REP) + head // REP) * L_KV).to(tl.int32)
-        acc, m, l = _attend_described(q, k_desc, v_desc, desc_row, lo, hi, qk_scale, BLOCK_K, UPCAST)
-    elif masked:
-        acc, m, l = _attend(q, K_ptr, V_ptr, kv_base, stride_kl, mask_ptr, batch * stride_mb, lo, hi, offs_d, d_mask,
-                            qk_scale, BLOCK_K, HAS_MASK, UPCAST)
-    else:
-        acc, m, l = _attend(q, K_ptr, V_ptr, kv_base, stride_kl, mask_ptr, batch * stride_mb, lo, hi, offs_d, d_mask,
-                            qk_scale, BLOCK_K, False, UPCAST)
+    acc, m, l = _attend_keys(q, K_ptr, V_ptr, k_desc, v_desc, mask_ptr, batch, head // REP, lo, hi, stride_kb,
+                             stride_kh, stride_kl, stride_mb, H_Q // REP, L_KV, offs_d, d_mask, qk_scale, BLOCK_K,
+                             HAS_MASK, KV_TMA, UPCAST)
     part = (batch * H_Q * TOPK + head_slot) * N_CHUNKS + chunk + rows * 0
     first_row = rows == 0
     tl.store(acc_ptr + part[:, None] * D_HEAD + offs_d[None, :], acc, mask=first_row[:, None] & d_mask[None, :])
@@ -611,9 +634,9 @@ def grouped_decode_attention(
         return merge_chosen_stripes(g, offsets, decode_position, topk)
     plan, (batch, hq, _, dim) = g.plan, q1.shape
     block_k = max(block_k, MIN_DOT.value)
-    # Span blocks through TMA without a mask (a last block's keys past its span are dropped in the
-    # kernel); under a mask the pointer loads read masked keys as zeros.
-    descriptors = row_descriptors(g.k, g.v, block_k) if attention_mask is None else None
+    # Span blocks through TMA where descriptors can describe K/V (keys past a span or hidden by the
+    # mask are dropped in the kernel), else pointer loads (hidden keys read as zeros).
+    descriptors = row_descriptors(g.k, g.v, block_k)
     span_kernel[(hq * topk * plan.n_chunks, batch)](
         g.q2, g.k, g.v, *(descriptors or (g.k, g.v)), *g.candidates, back_table,
         back_table if forward_table is None else forward_table, g.first,
@@ -621,7 +644,7 @@ def grouped_decode_attention(
         g.q2.stride(0), g.q2.stride(1), *g.kv_strides,
         hq, g.k.shape[2], plan.rep, window, g.last, plan.n_candidates, plan.n_chunks, plan.n_wchunks,
         plan.n_slices, g.qk_scale,
-        CHUNK=plan.chunk, CHUNK_POW2=pow2(plan.chunk), TOPK=topk, TOPK_POW2=pow2(topk),
+        CHUNK=plan.chunk, TOPK=topk, TOPK_POW2=pow2(topk),
         CAND_POW2=pow2(plan.n_candidates),
         SLICES_POW2=pow2(plan.n_slices), CHUNKS_POW2=pow2(plan.n_chunks), WCHUNKS_POW2=pow2(plan.n_wchunks),
         D_HEAD=dim, BLOCK_D=plan.block_d, BLOCK_K=block_k, HAS_MASK=attention_mask is not None,
