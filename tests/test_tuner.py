@@ -19,7 +19,7 @@ from optuna.trial import TrialState
 import superlinear_ops
 from superlinear_ops import dispatch
 from superlinear_ops.buckets import key_of
-from superlinear_ops.cache.store import Store
+from superlinear_ops.cache.store import Store, StoreError
 from superlinear_ops.cli import main
 from superlinear_ops.kernels.launch import KernelConfig
 from superlinear_ops.problem import STAGED_DECODE, device_identity
@@ -191,6 +191,26 @@ def test_two_workers_share_one_postgresql_study(decode_workload, postgres_url) -
     assert not [t for t in finished if t.state == TrialState.FAIL]
     with Store.reader(postgres_url) as store:
         assert len(store.entries()) == 1
+
+
+def test_workers_start_after_the_store_has_its_schema(decode_workload, tmp_path, monkeypatch) -> None:
+    """Fresh workers must not race to create the store's schema (PostgreSQL raises for the loser)."""
+    from superlinear_ops.tuner import tune as tune_module
+
+    cache = f"sqlite:///{tmp_path / 'fresh.sqlite'}"
+    seen = []
+
+    def workers_see_the_store(workers, workload_path, settings, storage, cache_url, only) -> None:
+        try:
+            with Store.reader(cache_url) as store:
+                seen.append(len(store.entries()))
+        except StoreError as err:
+            seen.append(str(err))
+
+    monkeypatch.setattr(tune_module, "_run_workers", workers_see_the_store)
+    tune(str(decode_workload), settings=SearchSettings(trials=1, seed=5), storage=str(tmp_path / "studies.log"),
+         cache=cache, device=CPU, workers=2, progress=False)
+    assert seen == [0]
 
 
 @pytest.mark.parametrize(

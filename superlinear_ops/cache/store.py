@@ -40,7 +40,7 @@ from sqlalchemy import (
 )
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.engine import Engine
-from sqlalchemy.exc import SQLAlchemyError
+from sqlalchemy.exc import IntegrityError, ProgrammingError, SQLAlchemyError
 
 from ..buckets import ProblemKey
 from ..kernels.launch import KernelConfig
@@ -250,15 +250,17 @@ class Store:
                 cls._probe_sqlite(url)
         store = cls(url, _engine(url, writer=True), writable=True)
         try:
-            store._check_schema(create=True)
-        except StoreError:
-            # another process may have created the schema between our look and our create (PostgreSQL then
-            # raises a unique violation); look again once: a store that is really unusable fails the same way
             try:
                 store._check_schema(create=True)
-            except StoreError:
-                store.close()
-                raise
+            except StoreError as lost:
+                if not isinstance(lost.__cause__, (IntegrityError, ProgrammingError)):
+                    raise
+                # Another process created the schema between our look and our create (PostgreSQL: a unique
+                # violation, or "already exists"): look again once, now at its tables.
+                store._check_schema(create=True)
+        except BaseException:
+            store.close()
+            raise
         return store
 
     @classmethod
@@ -303,9 +305,10 @@ class Store:
                     raise StoreError(f"store {self.url} has no {schema_table.name} table (not a superlinear-ops store)")
                 if entries_table.name in tables:
                     raise StoreError(f"store {self.url} has an entries table but no schema table; refusing to write to it")
-                # beside any other application's tables, which stay untouched; a rival's tables, created since
-                # we looked, make this fail rather than be skipped (Store.writer then looks again)
-                metadata.create_all(conn, checkfirst=False)
+                # Beside any other application's tables, which stay untouched; a rival's tables, created since
+                # we looked, make this fail rather than be skipped (Store.writer then looks again).
+                metadata.create_all(conn, tables=[t for t in metadata.sorted_tables if t.name not in tables],
+                                    checkfirst=False)
                 conn.execute(schema_table.insert().values(version=SCHEMA_VERSION))
                 return
             version = conn.execute(select(schema_table.c.version)).scalar()

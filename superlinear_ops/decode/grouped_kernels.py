@@ -16,9 +16,10 @@
    stripe), turns its slot's anchor into the span [qstart, qend] with the exact span-length tables
    (SPEC section 3, steps 1-3; the tables and the query are read before the wait for
    ``group_kernel``) and runs the online softmax over ``CHUNK`` keys of it (one query row padded to
-   a 16-row tile: both products are tensor-core dots; each block of keys comes whole through the
-   tensor memory accelerator, and under a mask its mask entries, read one block ahead, drop the keys
-   the mask hides: the mask costs one byte per key). The head's last program
+   a 16-row tile: both products are tensor-core dots; where descriptors can describe K/V each block
+   of keys comes whole through the tensor memory accelerator, and under a mask the block's mask
+   entries, read one block ahead, drop the keys the mask hides: one mask entry read per key; else
+   pointer loads). The head's last program
    to finish (an atomic counter) merges the window's partials once, each span's partials on top of
    them (O_j = softmax over span_j and the window, zeros when empty) and writes the gate-weighted
    sum of the O_j (steps 4-5) in Q's dtype.
@@ -273,8 +274,9 @@ def _stripe_span_chunk(
     Under a mask the chunk's mask is read once, beside the scan for the row's first allowed key
     (the forward length counts from it, so it can only shorten the span: the read covers the
     longest the chunk can be); a chunk whose keys the mask all allows runs as without a mask, one
-    with hidden keys by pointer loads (TMA with the mask read per block made model M's 4K decode
-    with a mask of ones 1.4 us slower on the H200: docs/device-runs/h200-decode-tma-mask.txt)."""
+    with hidden keys by pointer loads (TMA with the mask read per block, as span_kernel does, made
+    model M's 4K decode with a mask of ones 1.4 us slower on the H200 in one run per side:
+    docs/device-runs/h200-decode-tma-mask.txt, section 1)."""
     stripe = program // N_SCHUNKS
     chunk = program % N_SCHUNKS
     places = N_STRIPES * N_SCHUNKS  # partials per row
@@ -321,7 +323,7 @@ def group_kernel(
 ):
     """Per (program, KV head, batch): a block of stripe candidates, a chunk of the window, and then
     with ``STRIPE_SPANS`` a chunk of one stripe's span (``SCHUNK`` keys in ``BLOCK_K``-key blocks,
-    through TMA where ``KV_TMA``), else (forward spans under a mask) the first allowed key of
+    through TMA where ``KV_TMA`` and the mask hides none of them, else by pointer loads), else (forward spans under a mask) the first allowed key of
     ``SLICE`` mask entries. Program 0 of each group also zeroes its heads' finished-program
     counters for ``span_kernel``."""
     if PDL:
