@@ -6,6 +6,8 @@ that must catch it. The working checkout is never modified.
 A plant counts as CAUGHT only when pytest exits 1 with failed tests whose first error is an
 AssertionError (a test's check failed); a collection or usage error (exit 2-5), a crash of the
 test itself, or a plant whose text is no longer in the source (STALE) counts as not caught. Exit status 0 only when every plant is caught.
+The store plants' tests need a PostgreSQL server, as in CI (source ci/postgres.sh && postgres_start): without
+one they skip, and those plants count as not caught.
 """
 
 from __future__ import annotations
