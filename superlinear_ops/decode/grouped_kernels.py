@@ -323,9 +323,9 @@ def group_kernel(
 ):
     """Per (program, KV head, batch): a block of stripe candidates, a chunk of the window, and then
     with ``STRIPE_SPANS`` a chunk of one stripe's span (``SCHUNK`` keys in ``BLOCK_K``-key blocks,
-    through TMA where ``KV_TMA`` and the mask hides none of them, else by pointer loads), else (forward spans under a mask) the first allowed key of
-    ``SLICE`` mask entries. Program 0 of each group also zeroes its heads' finished-program
-    counters for ``span_kernel``."""
+    through TMA where ``KV_TMA`` and the mask hides none of them, else by pointer loads), else
+    (forward spans under a mask) the first allowed key of ``SLICE`` mask entries. Program 0 of each
+    group also zeroes its heads' finished-program counters for ``span_kernel``."""
     if PDL:
         gdc_launch_dependents()  # span_kernel may start launching; it waits for this grid's results
     pid = tl.program_id(0)
