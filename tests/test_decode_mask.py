@@ -77,12 +77,15 @@ def test_integer_masks_mean_nonzero_and_may_be_longer_than_the_keys(variant, dty
 
 
 @pytest.mark.parametrize("variant", VARIANTS, ids=IDS)
-def test_nan_in_masked_keys_and_values_never_shows(variant, gen: torch.Generator) -> None:
-    """Keys and values the mask hides (padding, holes inside spans and the window) hold NaN."""
+@pytest.mark.parametrize("poison", [float("nan"), float("inf")], ids=["nan", "inf"])
+def test_nan_in_masked_keys_and_values_never_shows(variant, poison: float, gen: torch.Generator) -> None:
+    """Keys and values the mask hides (padding, holes inside spans and the window) hold NaN or +inf
+    (a zero weight times either is NaN: the span passes that take hidden values as loaded must find
+    that and attend again with them zeroed)."""
     x = masked(make_decode_inputs(CASE, gen), ("holes", "left_padding"), gen)
     hidden = ~x.mask[:, None, :, None].expand_as(x.k)
-    poisoned = replace(x, k=x.k.masked_fill(hidden, float("nan")), v=x.v.masked_fill(hidden, float("nan")))
-    check(variant, poisoned, "NaN behind the mask")
+    poisoned = replace(x, k=x.k.masked_fill(hidden, poison), v=x.v.masked_fill(hidden, poison))
+    check(variant, poisoned, f"{poison} behind the mask")
 
 
 @pytest.mark.parametrize("name", ["grouped", "stripe_spans"])

@@ -449,15 +449,19 @@ def _study_with(case, trials: list[tuple[dict, float]]) -> optuna.Study:
     return study
 
 
-@pytest.mark.parametrize("retimed, stored", [({"default": 1.0, "other": 1.2}, "default"),
-                                             ({"default": 1.0, "other": 0.97}, "default"),  # within the margin
-                                             ({"default": 1.0, "other": 0.8}, "other")])
-def test_a_winner_is_stored_only_when_faster_than_the_default_side_by_side(decode_workload, retimed, stored) -> None:
+@pytest.mark.parametrize("retimed, earlier, stored", [({"default": 1.0, "other": 1.2}, False, "default"),
+                                                      ({"default": 1.0, "other": 0.97}, False, "default"),  # within the margin
+                                                      ({"default": 1.0, "other": 0.8}, False, "other"),
+                                                      ({"default": 1.0, "other": 0.97}, True, "other"),  # stored before
+                                                      ({"default": 1.0, "other": 1.01}, True, "default")])
+def test_a_winner_is_stored_only_when_faster_than_the_default_side_by_side(decode_workload, retimed, earlier,
+                                                                           stored) -> None:
     """A default timed slow once (a cold GPU) loses the study to another configuration; the
     confirmation times both again, interleaved, and the default is stored unless the other is
-    faster there by more than the margin."""
+    faster there by more than the margin, or at all where the other is the winner stored before
+    (the study's EARLIER, as ``run_search`` records it)."""
     from superlinear_ops.tuner.faults import Outcome
-    from superlinear_ops.tuner.search import params_of
+    from superlinear_ops.tuner.search import EARLIER, params_of
     from superlinear_ops.tuner.tune import CONFIRM_ROUNDS, confirm_winner, summarise
 
     case = load(decode_workload).cases(device_identity(CPU))[0]
@@ -466,6 +470,8 @@ def test_a_winner_is_stored_only_when_faster_than_the_default_side_by_side(decod
     other = default.replace(num_warps=8 if default["num_warps"] != 8 else 4)
     configs = {"default": default, "other": other}
     study = _study_with(case, [(params_of(variant, default), 5.0), (params_of(variant, other), 2.0)])
+    if earlier:
+        study.set_user_attr(EARLIER, params_of(variant, other))
     calls = []
 
     def evaluate(name, config):
@@ -502,8 +508,9 @@ def test_confirmation_skips_a_default_winner_and_keeps_trial_times_when_a_rerun_
 def test_a_retune_measures_the_winner_stored_before_again(tmp_path, decode_workload) -> None:
     """A stored winner, stale (another kernel hash) and missing a tunable added since, is a new
     study's second trial, the missing tunable at its default; a stored variant that no longer
-    applies, or a value outside the declared space, adds no trial."""
-    from superlinear_ops.tuner.search import earlier_winner_params
+    applies, or a value outside the declared space, adds no trial. The study records it as the winner
+    stored before."""
+    from superlinear_ops.tuner.search import EARLIER, earlier_winner_params
 
     case = load(decode_workload).cases(device_identity(CPU))[0]
     variant = REGISTRY.fallback(case.problem)
@@ -520,5 +527,6 @@ def test_a_retune_measures_the_winner_stored_before_again(tmp_path, decode_workl
         {"variant": variant.name, **{f"{variant.name}.{name}": value for name, value in default.items()}},
         {"variant": variant.name, **{f"{variant.name}.{name}": value for name, value in {**default, **old}.items()}},
     ]
+    assert study.user_attrs.get(EARLIER) == study.trials[1].params  # summarise keeps it without the margin
     assert earlier_winner_params(case.problem, "no_such_variant", old) is None
     assert earlier_winner_params(case.problem, variant.name, old.replace(block_k=512)) is None

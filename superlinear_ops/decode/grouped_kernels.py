@@ -18,7 +18,8 @@
    ``group_kernel``) and runs the online softmax over ``CHUNK`` keys of it (one query row padded to
    a 16-row tile: both products are tensor-core dots; where descriptors can describe K/V each block
    of keys comes whole through the tensor memory accelerator, and under a mask the block's mask
-   entries, read one block ahead, drop the keys the mask hides: one mask entry read per key; else
+   entries, read one block ahead, drop the keys the mask hides: one mask entry read per key, the
+   hidden values zeroed only in a second pass where the first one's result is not finite; else
    pointer loads). The head's last program
    to finish (an atomic counter) merges the window's partials once, each span's partials on top of
    them (O_j = softmax over span_j and the window, zeros when empty) and writes the gate-weighted
@@ -141,33 +142,43 @@ def _attend(
 
 
 @triton.jit
-def _kept_block(acc, m, l, q, k_desc, v_desc, row, keep, qk_scale, UPCAST: tl.constexpr):
+def _kept_block(acc, m, l, q, k_desc, v_desc, row, keep, qk_scale, ZERO_V: tl.constexpr, UPCAST: tl.constexpr):
     """One online-softmax step over a block loaded whole by the tensor memory accelerator from
-    ``row`` of the [keys, D] descriptors; keys where ``keep`` is False get score -inf and value 0
-    (nobody attends them: a NaN there must not reach the output through a zero weight)."""
+    ``row`` of the [keys, D] descriptors; keys where ``keep`` is False get score -inf, and with
+    ``ZERO_V`` value 0, else their zero weights meet their values as loaded (``_attend_keys``)."""
     k = k_desc.load([row, 0])
-    v = tl.where(keep[:, None], v_desc.load([row, 0]), 0.0)
+    v = v_desc.load([row, 0])
+    if ZERO_V:
+        v = tl.where(keep[:, None], v, 0.0)
     s = tl.where(keep[None, :], tc_dot(q, tl.trans(k), UPCAST), float("-inf"))
     return online_softmax_step(acc, m, l, s, v, qk_scale, UPCAST)
 
 
 @triton.jit
+def _allowed(mask_row_ptr, start, hi, offs):
+    """Which of keys start + offs lie at or before ``hi`` and are allowed by the mask row."""
+    keys = start + offs
+    return (keys <= hi) & (tl.load(mask_row_ptr + keys, mask=keys <= hi, other=0) != 0)
+
+
+@triton.jit
 def _attend_described(q, k_desc, v_desc, desc_row, lo, hi, mask_row_ptr, qk_scale, BLOCK_K: tl.constexpr,
-                      HAS_MASK: tl.constexpr, UPCAST: tl.constexpr):
+                      HAS_MASK: tl.constexpr, ZERO_V: tl.constexpr, UPCAST: tl.constexpr):
     """``_attend`` with each block of keys loaded whole by the tensor memory accelerator from row
     ``desc_row`` + its first key of the [keys, D] descriptors; keys past ``hi`` and, with
-    ``HAS_MASK``, keys the mask row at ``mask_row_ptr`` hides are dropped (``_kept_block``). Under
-    a mask each block's mask entries are read one block ahead, beside the loads they decide."""
+    ``HAS_MASK``, keys the mask row at ``mask_row_ptr`` hides get zero weights (``_kept_block``;
+    the values of the keys past ``hi`` are zeroed, those of hidden keys only with ``ZERO_V``, whose
+    loop, a rare second pass, runs in one stage). Under a mask each block's mask entries are read
+    one block ahead, beside the loads they decide."""
     acc = tl.zeros((q.shape[0], q.shape[1]), dtype=tl.float32)
     m = tl.full((q.shape[0],), float("-inf"), tl.float32)
     l = tl.zeros((q.shape[0],), dtype=tl.float32)
     offs = tl.arange(0, BLOCK_K)
     if HAS_MASK:
-        keep = (lo + offs <= hi) & (tl.load(mask_row_ptr + lo + offs, mask=lo + offs <= hi, other=0) != 0)
-        for start in range(lo, hi + 1, BLOCK_K):
-            ahead = start + BLOCK_K + offs
-            keep_ahead = (ahead <= hi) & (tl.load(mask_row_ptr + ahead, mask=ahead <= hi, other=0) != 0)
-            acc, m, l = _kept_block(acc, m, l, q, k_desc, v_desc, desc_row + start, keep, qk_scale, UPCAST)
+        keep = _allowed(mask_row_ptr, lo, hi, offs)
+        for start in tl.range(lo, hi + 1, BLOCK_K, num_stages=1 if ZERO_V else None):
+            keep_ahead = _allowed(mask_row_ptr, start + BLOCK_K, hi, offs)
+            acc, m, l = _kept_block(acc, m, l, q, k_desc, v_desc, desc_row + start, keep, qk_scale, ZERO_V, UPCAST)
             keep = keep_ahead
     else:
         whole_end = lo + tl.maximum(hi - lo + 1, 0) // BLOCK_K * BLOCK_K  # blocks lo.. whole_end - 1 lie in the span
@@ -176,7 +187,7 @@ def _attend_described(q, k_desc, v_desc, desc_row, lo, hi, mask_row_ptr, qk_scal
                                                qk_scale, BLOCK_K, False, UPCAST)
         if whole_end <= hi:
             acc, m, l = _kept_block(acc, m, l, q, k_desc, v_desc, desc_row + whole_end, whole_end + offs <= hi,
-                                    qk_scale, UPCAST)
+                                    qk_scale, True, UPCAST)
     return acc, m, l
 
 
@@ -188,14 +199,26 @@ def _attend_keys(
 ):
     """Online softmax of the query rows q over keys lo..hi of KV head ``kv_head`` of batch row
     ``batch`` (as the mask row allows with ``HAS_MASK``): through TMA where ``KV_TMA``, else by
-    pointer loads (K/V rows that no descriptor describes, e.g. batch rows expanded from one)."""
+    pointer loads (K/V rows that no descriptor describes, e.g. batch rows expanded from one).
+
+    Under a mask TMA loads the hidden keys too, and their zero weights first meet their values as
+    loaded: that adds nothing unless one of them holds a NaN or an infinity, which must not reach
+    the output and makes it NaN (0 times either). So where the result holds a NaN (that, or an
+    attended value that is not finite) the keys are attended again with the hidden values zeroed;
+    the common case never takes the values through registers for that select."""
+    kv_base = batch * stride_kb + kv_head * stride_kh
+    mask_base = batch * stride_mb
     if KV_TMA:
         desc_row = ((batch * H_KV + kv_head) * L_KV).to(tl.int32)
-        acc, m, l = _attend_described(q, k_desc, v_desc, desc_row, lo, hi, mask_ptr + batch * stride_mb, qk_scale,
-                                      BLOCK_K, HAS_MASK, UPCAST)
+        acc, m, l = _attend_described(q, k_desc, v_desc, desc_row, lo, hi, mask_ptr + mask_base, qk_scale,
+                                      BLOCK_K, HAS_MASK, False, UPCAST)
+        if HAS_MASK:
+            if tl.max((acc != acc).to(tl.int32)) > 0:  # a zero weight times a NaN or an infinity
+                acc, m, l = _attend_described(q, k_desc, v_desc, desc_row, lo, hi, mask_ptr + mask_base, qk_scale,
+                                              BLOCK_K, True, True, UPCAST)
     else:
-        acc, m, l = _attend(q, K_ptr, V_ptr, batch * stride_kb + kv_head * stride_kh, stride_kl, mask_ptr,
-                            batch * stride_mb, lo, hi, offs_d, d_mask, qk_scale, BLOCK_K, HAS_MASK, UPCAST)
+        acc, m, l = _attend(q, K_ptr, V_ptr, kv_base, stride_kl, mask_ptr, mask_base, lo, hi, offs_d, d_mask,
+                            qk_scale, BLOCK_K, HAS_MASK, UPCAST)
     return acc, m, l
 
 
@@ -263,7 +286,7 @@ def _stripe_span_chunk(
     program, group, batch, pos, stride_qb, stride_qh, stride_kb, stride_kh, stride_kl, stride_mb,
     H_Q, L_KV, REP, WINDOW, N_STRIPES, N_SCHUNKS, SCHUNK, qk_scale,
     REP_PAD: tl.constexpr, D_HEAD: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_K: tl.constexpr,
-    SCHUNK_POW2: tl.constexpr, SLICE: tl.constexpr, HAS_MASK: tl.constexpr, HAS_FORWARD: tl.constexpr,
+    SLICE: tl.constexpr, HAS_MASK: tl.constexpr, HAS_FORWARD: tl.constexpr,
     KV_TMA: tl.constexpr, UPCAST: tl.constexpr,
 ):
     """Chunk ``program % N_SCHUNKS`` (``SCHUNK`` keys) of the span of stripe ``program // N_SCHUNKS``
@@ -271,12 +294,10 @@ def _stripe_span_chunk(
     the stripe alone (SPEC section 3, step 3). A chunk past the span's end stores an empty partial; a
     stripe that is not valid (outside [0, window start)) stores nothing: no head can choose it.
 
-    Under a mask the chunk's mask is read once, beside the scan for the row's first allowed key
-    (the forward length counts from it, so it can only shorten the span: the read covers the
-    longest the chunk can be); a chunk whose keys the mask all allows runs as without a mask, one
-    with hidden keys by pointer loads (TMA with the mask read per block, as span_kernel does, made
-    model M's 4K decode with a mask of ones 1.4 us slower on the H200 in one run per side:
-    docs/device-runs/h200-decode-tma-mask.txt, section 1)."""
+    Under a mask the forward length counts from the row's first allowed key, which can only shorten
+    the span: a chunk that ends by the anchor does not need it, one that reaches past the anchor
+    scans the mask for it. The keys come as ``_attend_keys`` takes them (through TMA, each block's
+    mask entries read one block ahead), with no read of the chunk's mask before its first loads."""
     stripe = program // N_SCHUNKS
     chunk = program % N_SCHUNKS
     places = N_STRIPES * N_SCHUNKS  # partials per row
@@ -289,23 +310,14 @@ def _stripe_span_chunk(
         if HAS_FORWARD:  # the forward length of a row whose first allowed key is key 0: the longest
             hi = tl.minimum(loc + tl.load(forward_ptr + t), pos - WINDOW)
         hi = tl.minimum(hi, lo + SCHUNK - 1).to(tl.int32)
-        masked = HAS_MASK
-        if HAS_MASK:
-            keys = lo + tl.arange(0, SCHUNK_POW2)
-            hidden = tl.load(mask_ptr + batch * stride_mb + keys, mask=keys <= hi, other=1) == 0
-            if HAS_FORWARD:
+        if HAS_MASK and HAS_FORWARD:
+            if hi > loc:
                 first = _first_allowed(mask_ptr + batch * stride_mb, window_start, L_KV, SLICE)
                 if (first > 0) & (first < L_KV):
                     hi = tl.minimum(hi, loc + tl.load(forward_ptr + t - first)).to(tl.int32)
-            masked = tl.max(hidden.to(tl.int32), axis=0) > 0
-        if masked:
-            _group_partial(Q2_ptr, K_ptr, V_ptr, k_desc, v_desc, mask_ptr, acc_ptr, m_ptr, l_ptr, group, batch, lo, hi,
-                           program, places, stride_qb, stride_qh, stride_kb, stride_kh, stride_kl,
-                           stride_mb, H_Q, L_KV, REP, qk_scale, REP_PAD, D_HEAD, BLOCK_D, BLOCK_K, True, False, UPCAST)
-        else:
-            _group_partial(Q2_ptr, K_ptr, V_ptr, k_desc, v_desc, mask_ptr, acc_ptr, m_ptr, l_ptr, group, batch, lo, hi,
-                           program, places, stride_qb, stride_qh, stride_kb, stride_kh, stride_kl,
-                           stride_mb, H_Q, L_KV, REP, qk_scale, REP_PAD, D_HEAD, BLOCK_D, BLOCK_K, False, KV_TMA, UPCAST)
+        _group_partial(Q2_ptr, K_ptr, V_ptr, k_desc, v_desc, mask_ptr, acc_ptr, m_ptr, l_ptr, group, batch, lo, hi,
+                       program, places, stride_qb, stride_qh, stride_kb, stride_kh, stride_kl, stride_mb, H_Q, L_KV,
+                       REP, qk_scale, REP_PAD, D_HEAD, BLOCK_D, BLOCK_K, HAS_MASK, KV_TMA, UPCAST)
 
 
 @triton.jit
@@ -318,12 +330,12 @@ def group_kernel(
     N_SCHUNKS, SCHUNK, qk_scale,
     TOPK: tl.constexpr, BLOCK_S: tl.constexpr, REP_PAD: tl.constexpr, D_HEAD: tl.constexpr,
     BLOCK_D: tl.constexpr, WINDOW_BLOCK: tl.constexpr, SLICE: tl.constexpr, BLOCK_K: tl.constexpr,
-    SCHUNK_POW2: tl.constexpr, HAS_MASK: tl.constexpr, HAS_FORWARD: tl.constexpr, STRIPE_SPANS: tl.constexpr,
+    HAS_MASK: tl.constexpr, HAS_FORWARD: tl.constexpr, STRIPE_SPANS: tl.constexpr,
     KV_TMA: tl.constexpr, UPCAST: tl.constexpr, PDL: tl.constexpr,
 ):
     """Per (program, KV head, batch): a block of stripe candidates, a chunk of the window, and then
     with ``STRIPE_SPANS`` a chunk of one stripe's span (``SCHUNK`` keys in ``BLOCK_K``-key blocks,
-    through TMA where ``KV_TMA`` and the mask hides none of them, else by pointer loads), else
+    through TMA where ``KV_TMA``, else by pointer loads), else
     (forward spans under a mask) the first allowed key of ``SLICE`` mask entries. Program 0 of each
     group also zeroes its heads' finished-program counters for ``span_kernel``."""
     if PDL:
@@ -353,7 +365,7 @@ def group_kernel(
             span_m_ptr, span_l_ptr, pid - N_BLOCKS - N_WCHUNKS, group, batch, pos,
             stride_q2b, stride_q2h, stride_kb, stride_kh, stride_kl, stride_mb,
             H_Q, L_KV, REP, WINDOW, N_STRIPES, N_SCHUNKS, SCHUNK, qk_scale,
-            REP_PAD, D_HEAD, BLOCK_D, BLOCK_K, SCHUNK_POW2, SLICE, HAS_MASK, HAS_FORWARD, KV_TMA, UPCAST,
+            REP_PAD, D_HEAD, BLOCK_D, BLOCK_K, SLICE, HAS_MASK, HAS_FORWARD, KV_TMA, UPCAST,
         )
     else:  # mask slices dealt round-robin over the groups
         # Only keys before the window count: a first allowed key at or past the window start leaves
@@ -406,8 +418,7 @@ def span_kernel(
     back = tl.load(back_ptr + t)
     forward = tl.zeros_like(back)  # the forward table's entry where it counts (below, after the wait, under a mask)
     if HAS_FORWARD:
-        if not FIRST_FROM_MASK:
-            forward = tl.load(forward_ptr + t)
+        forward = tl.load(forward_ptr + t)  # counted from key 0: right unless the mask hides key 0
     if PDL:
         gdc_wait()
     score, anchor = chosen_anchor(cand_score_ptr, cand_anchor_ptr, row, slot, N_CANDIDATES, TOPK, CAND_POW2)
@@ -418,9 +429,13 @@ def span_kernel(
     hi = anchor
     if HAS_FORWARD:
         if FIRST_FROM_MASK:  # the first allowed key: min over the slices (0 when none, as argmax)
-            slices = tl.arange(0, SLICES_POW2)
-            first = tl.min(tl.load(first_ptr + batch * N_SLICES + slices, mask=slices < N_SLICES, other=L_KV), axis=0)
-            forward = tl.load(forward_ptr + tl.maximum(t - tl.where(first == L_KV, 0, first), 0))
+            # Only a chunk that reaches past the anchor needs the forward length, and only a first
+            # allowed key past key 0 changes it.
+            if lo + chunk * CHUNK + CHUNK - 1 > anchor:
+                slices = tl.arange(0, SLICES_POW2)
+                first = tl.min(tl.load(first_ptr + batch * N_SLICES + slices, mask=slices < N_SLICES, other=L_KV), axis=0)
+                if (first > 0) & (first < L_KV):
+                    forward = tl.load(forward_ptr + tl.maximum(t - first, 0))
         hi = tl.minimum(anchor + forward, pos - WINDOW)  # the key before the window
     hi = tl.where(score > float("-inf"), hi, -1)
     lo = (lo + chunk * CHUNK).to(tl.int32)
@@ -576,10 +591,10 @@ def run_group_kernel(
     upcast = device.type == "cpu" and q1.dtype == torch.bfloat16  # see _dot
     pdl = hopper_or_newer(device) if pdl is None else pdl
     programs = plan.n_blocks + plan.n_wchunks + plan.slice_programs + plan.stripe_programs
-    # Stripe-span blocks through TMA (under a mask, the chunks it allows whole); the constexprs only
+    # Stripe-span blocks through TMA where descriptors can describe K/V; the constexprs only
     # stripe-span programs read stay fixed without them, so grouped's block_k adds no compilation.
     descriptors = row_descriptors(k, v, block_k) if stripe_spans else None
-    span_block, chunk_pow2 = (block_k, pow2(plan.chunk)) if stripe_spans else (MIN_DOT.value, MIN_DOT.value)
+    span_block = block_k if stripe_spans else MIN_DOT.value
     group_kernel[(programs, hkv, batch)](
         q1, q2, k, v, offsets, decode_position, mask, cand_score, cand_anchor, win_acc, win_m, win_l, counter, first,
         back_table, back_table if forward_table is None else forward_table, span_acc, span_m, span_l,
@@ -588,7 +603,7 @@ def run_group_kernel(
         hq, lkv, plan.rep, window, last, offsets.numel(), plan.n_blocks, plan.n_candidates, plan.n_wchunks,
         WINDOW_CHUNK, plan.n_slices, plan.n_chunks, plan.chunk, qk_scale,
         TOPK=topk, BLOCK_S=block_s, REP_PAD=plan.rep_pad, D_HEAD=dim, BLOCK_D=plan.block_d, WINDOW_BLOCK=WINDOW_CHUNK,
-        SLICE=MASK_SLICE, BLOCK_K=span_block, SCHUNK_POW2=chunk_pow2, HAS_MASK=attention_mask is not None,
+        SLICE=MASK_SLICE, BLOCK_K=span_block, HAS_MASK=attention_mask is not None,
         HAS_FORWARD=has_forward, STRIPE_SPANS=stripe_spans, KV_TMA=descriptors is not None, UPCAST=upcast, PDL=pdl,
         num_warps=num_warps, num_stages=num_stages,
     )

@@ -28,6 +28,7 @@ log = logging.getLogger(__name__)
 SAMPLERS = ("tpe", "random", "exhaustive")
 FINISHED = (TrialState.COMPLETE, TrialState.PRUNED, TrialState.FAIL)
 INTERRUPTED = "interrupted"  # user attribute of a trial stopped by Ctrl-C: no result, measured again
+EARLIER = "earlier_winner"  # study attribute: the trial parameters of the winner stored before this search
 
 
 @dataclass(frozen=True)
@@ -177,13 +178,15 @@ def run_search(
 ) -> None:
     """Run (or resume) the search of one problem until it has ``settings.trials`` finished trials.
 
-    The default runs first, then ``earlier`` (trial parameters of a winner stored before), each
-    once per study. ``known`` failures (by variant and configuration text) are recorded failed
-    without running; ``on_failure`` hears of every new failure.
+    The default runs first, then ``earlier`` (trial parameters of a winner stored before, kept on
+    the study as ``EARLIER``), each once per study. ``known`` failures (by variant and configuration
+    text) are recorded failed without running; ``on_failure`` hears of every new failure.
     """
     variants = {v.name: v for v in tunable_variants(problem)}
     if not variants:
         return
+    if earlier is not None:
+        study.set_user_attr(EARLIER, earlier)
     for params in (default_params(problem), earlier):
         if params is not None and not any(t.system_attrs.get("fixed_params", t.params) == params and INTERRUPTED not in t.user_attrs
                                           for t in study.get_trials(deepcopy=False)):

@@ -10,7 +10,8 @@ Candidates run in a worker process (``worker.CandidateWorker``: one per tune pro
 GPU with ``--workers``); this process only drives Optuna. Every failure is recorded in the study
 and in the store (``--cache``), and a candidate the store says failed (same variant code, same
 Triton) is recorded failed again without running. A winner other than the default is timed again
-beside the default (``confirm_winner``) and stored only when it is clearly faster there.
+beside the default (``confirm_winner``) and stored only when it is clearly faster there (or, when it is
+the winner stored before, measured again after a change of code, when it is faster there at all).
 
 Ctrl-C stops a run cleanly: the trial it interrupts is marked ``interrupted`` (no result; it runs
 again on resume), the winners found so far are stored, and a one-line message replaces the
@@ -51,6 +52,7 @@ from ..registry import REGISTRY
 from .faults import Outcome
 from .known_failures import FailureLog
 from .search import (
+    EARLIER,
     INTERRUPTED,
     SearchSettings,
     baseline_candidate,
@@ -206,7 +208,9 @@ def summarise(case: Case, study: optuna.Study) -> tuple[Result, Winner | None]:
     a default that failed its check gives default_ms = inf). Where the winner was confirmed
     (``confirm_winner``), the confirmation's medians replace the trials' times, and a winner not
     ``CONFIRM_MARGIN`` faster than the default there gives way to the default (timings of small
-    kernels vary by more than that between runs, so a smaller gain is not one)."""
+    kernels vary by more than that between runs, so a smaller gain is not one). The winner stored
+    before (the study's ``EARLIER``) needs no margin: it won one before, and a re-tune after a change
+    of code keeps it while it is still faster, instead of flipping to the default on a small gap."""
     trials = finished_trials(study)
     complete = [t for t in trials if t.state == TrialState.COMPLETE]
     failed = sum(t.state == TrialState.FAIL and INTERRUPTED not in t.user_attrs for t in trials)
@@ -226,7 +230,8 @@ def summarise(case: Case, study: optuna.Study) -> tuple[Result, Winner | None]:
                     float(best.user_attrs.get("max_error", math.nan)))
     confirmed = study.user_attrs.get(CONFIRMED)
     if default is not None and confirmed is not None and confirmed["params"] == best.params:
-        if confirmed["median_ms"] < confirmed["default_ms"] * (1.0 - CONFIRM_MARGIN):
+        margin = 0.0 if confirmed["params"] == study.user_attrs.get(EARLIER) else CONFIRM_MARGIN
+        if confirmed["median_ms"] < confirmed["default_ms"] * (1.0 - margin):
             winner = dataclasses.replace(winner, median_ms=confirmed["median_ms"], default_ms=confirmed["default_ms"])
         else:
             name, config = candidate_of(default.params)
