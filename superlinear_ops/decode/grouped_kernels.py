@@ -295,15 +295,18 @@ def _stripe_span_chunk(
     stripe that is not valid (outside [0, window start)) stores nothing: no head can choose it.
 
     Under a mask the forward length counts from the row's first allowed key, which can only shorten
-    the span: a chunk that ends by the anchor does not need it, one that reaches past the anchor
-    scans the mask for it. The keys come as ``_attend_keys`` takes them (through TMA, each block's
-    mask entries read one block ahead), with no read of the chunk's mask before its first loads."""
+    the span: a chunk that ends by the anchor does not need it, nor a row whose mask allows key 0
+    (read beside the tables); otherwise the chunk scans the mask for it. The keys come as
+    ``_attend_keys`` takes them (through TMA, each block's mask entries read one block ahead), with
+    no read of the chunk's mask before its first loads."""
     stripe = program // N_SCHUNKS
     chunk = program % N_SCHUNKS
     places = N_STRIPES * N_SCHUNKS  # partials per row
     t = pos + 1
     window_start = tl.maximum(pos - WINDOW + 1, 0)
     loc = t - tl.load(offsets_ptr + stripe)
+    if HAS_MASK and HAS_FORWARD:
+        key0_hidden = tl.load(mask_ptr + batch * stride_mb) == 0
     if (loc >= 0) & (loc < window_start):
         lo = (tl.maximum(loc - tl.load(back_ptr + t), 0) + chunk * SCHUNK).to(tl.int32)
         hi = loc
@@ -311,7 +314,7 @@ def _stripe_span_chunk(
             hi = tl.minimum(loc + tl.load(forward_ptr + t), pos - WINDOW)
         hi = tl.minimum(hi, lo + SCHUNK - 1).to(tl.int32)
         if HAS_MASK and HAS_FORWARD:
-            if hi > loc:
+            if (hi > loc) & key0_hidden:
                 first = _first_allowed(mask_ptr + batch * stride_mb, window_start, L_KV, SLICE)
                 if (first > 0) & (first < L_KV):
                     hi = tl.minimum(hi, loc + tl.load(forward_ptr + t - first)).to(tl.int32)
