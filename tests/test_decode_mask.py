@@ -77,15 +77,34 @@ def test_integer_masks_mean_nonzero_and_may_be_longer_than_the_keys(variant, dty
 
 
 @pytest.mark.parametrize("variant", VARIANTS, ids=IDS)
-@pytest.mark.parametrize("poison", [float("nan"), float("inf")], ids=["nan", "inf"])
-def test_nan_in_masked_keys_and_values_never_shows(variant, poison: float, gen: torch.Generator) -> None:
-    """Keys and values the mask hides (padding, holes inside spans and the window) hold NaN or +inf
+@pytest.mark.parametrize("poison", [float("nan"), float("inf"), -float("inf")], ids=["nan", "inf", "-inf"])
+def test_non_finite_masked_keys_and_values_never_show(variant, poison: float, gen: torch.Generator) -> None:
+    """Keys and values the mask hides (padding, holes inside spans and the window) hold NaN or +-inf
     (a zero weight times either is NaN: the span passes that take hidden values as loaded must find
     that and attend again with them zeroed)."""
     x = masked(make_decode_inputs(CASE, gen), ("holes", "left_padding"), gen)
     hidden = ~x.mask[:, None, :, None].expand_as(x.k)
     poisoned = replace(x, k=x.k.masked_fill(hidden, poison), v=x.v.masked_fill(hidden, poison))
     check(variant, poisoned, f"{poison} behind the mask")
+
+
+@pytest.mark.parametrize("variant", VARIANTS, ids=IDS)
+def test_a_mask_that_hides_key_0_alone_shortens_the_forward_reach(variant, gen: torch.Generator) -> None:
+    """Row 0's mask hides key 0 only, so its first allowed key is 1: at t = 290 the forward reach is
+    ceil((t - 1) ** 0.5) = 17 keys, one less than the 18 of a row whose mask allows key 0 (row 1). A
+    kernel that takes the reach from key 0 whenever the first allowed key is small attends one key
+    more per span in row 0."""
+    case = DecodeCase("fp32", 2, mask="none", hkv=2, lkv=300, pos=289)
+    x = make_decode_inputs(case, gen)
+    mask = torch.ones(2, case.lkv, dtype=torch.bool)
+    mask[0, 0] = False
+    x = replace(x, mask=mask)
+    expected, traces = x.oracle()
+    reach = {b: {end - anchor for (rb, _), tr in traces.items() if rb == b for _, anchor, _, end in tr.chosen
+                 if end < case.pos - case.params.window} for b in (0, 1)}
+    assert reach == {0: {17}, 1: {18}}, f"the spans' forward reach is not what this test needs: {reach}"
+    got, _ = launch_variant(variant, x)
+    assert_close(got, expected, torch.float32, case.lkv, f"{variant.name}, key 0 hidden")
 
 
 @pytest.mark.parametrize("name", ["grouped", "stripe_spans"])

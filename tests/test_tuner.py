@@ -487,6 +487,26 @@ def test_a_winner_is_stored_only_when_faster_than_the_default_side_by_side(decod
     assert result.config == configs[stored].text()
 
 
+def test_the_winner_stored_before_is_recorded_once_as_the_study_begins(decode_workload) -> None:
+    """An interrupted run stores its best trial unconfirmed, so on resume the store holds the study's own
+    winner: the study keeps what was stored when it began (here nothing), and that winner still needs
+    the margin."""
+    from superlinear_ops.tuner.faults import Outcome
+    from superlinear_ops.tuner.search import EARLIER, SearchSettings, params_of, run_search
+
+    case = load(decode_workload).cases(device_identity(CPU))[0]
+    variant = REGISTRY.fallback(case.problem)
+    default = variant.default(case.problem)
+    other = params_of(variant, default.replace(num_warps=8 if default["num_warps"] != 8 else 4))
+    study = optuna.create_study()
+    evaluate = lambda name, config: Outcome(milliseconds=1.0, max_error=0.0)  # noqa: E731
+    run_search(study, case.problem, evaluate, SearchSettings(trials=1), earlier=None)
+    assert EARLIER in study.user_attrs and study.user_attrs[EARLIER] is None
+    run_search(study, case.problem, evaluate, SearchSettings(trials=2), earlier=other)  # the resume
+    assert study.user_attrs.get(EARLIER) is None
+    assert any(t.params == other for t in study.trials), "the stored winner is still measured again"
+
+
 def test_confirmation_skips_a_default_winner_and_keeps_trial_times_when_a_rerun_fails(decode_workload) -> None:
     from superlinear_ops.tuner.faults import CRASH, Failure, Outcome
     from superlinear_ops.tuner.search import params_of

@@ -19,7 +19,7 @@
    a 16-row tile: both products are tensor-core dots; where descriptors can describe K/V each block
    of keys comes whole through the tensor memory accelerator, and under a mask the block's mask
    entries, read one block ahead, drop the keys the mask hides: one mask entry read per key, the
-   hidden values zeroed only in a second pass where the first one's result is not finite; else
+   hidden values zeroed only in a second pass where the first one's result holds a NaN; else
    pointer loads). The head's last program
    to finish (an atomic counter) merges the window's partials once, each span's partials on top of
    them (O_j = softmax over span_j and the window, zeros when empty) and writes the gate-weighted
@@ -166,10 +166,11 @@ def _attend_described(q, k_desc, v_desc, desc_row, lo, hi, mask_row_ptr, qk_scal
                       HAS_MASK: tl.constexpr, ZERO_V: tl.constexpr, UPCAST: tl.constexpr):
     """``_attend`` with each block of keys loaded whole by the tensor memory accelerator from row
     ``desc_row`` + its first key of the [keys, D] descriptors; keys past ``hi`` and, with
-    ``HAS_MASK``, keys the mask row at ``mask_row_ptr`` hides get zero weights (``_kept_block``;
-    the values of the keys past ``hi`` are zeroed, those of hidden keys only with ``ZERO_V``, whose
-    loop, a rare second pass, runs in one stage). Under a mask each block's mask entries are read
-    one block ahead, beside the loads they decide."""
+    ``HAS_MASK``, keys the mask row at ``mask_row_ptr`` hides get zero weights (``_kept_block``).
+    Without a mask the values past ``hi`` in the last block are zeroed; under one the values of
+    the keys past ``hi`` or hidden are zeroed only with ``ZERO_V``, whose loop (a rare second pass)
+    runs in one stage. Under a mask each block's mask entries are read one block ahead, beside the
+    loads they decide."""
     acc = tl.zeros((q.shape[0], q.shape[1]), dtype=tl.float32)
     m = tl.full((q.shape[0],), float("-inf"), tl.float32)
     l = tl.zeros((q.shape[0],), dtype=tl.float32)
@@ -201,9 +202,9 @@ def _attend_keys(
     ``batch`` (as the mask row allows with ``HAS_MASK``): through TMA where ``KV_TMA``, else by
     pointer loads (K/V rows that no descriptor describes, e.g. batch rows expanded from one).
 
-    Under a mask TMA loads the hidden keys too, and their zero weights first meet their values as
-    loaded: that adds nothing unless one of them holds a NaN or an infinity, which must not reach
-    the output and makes it NaN (0 times either). So where the result holds a NaN (that, or an
+    Under a mask TMA loads the hidden keys (and those past ``hi`` in the last block) too, and their
+    zero weights first meet their values as loaded: that adds nothing unless one of them holds a
+    NaN or an infinity, which must not reach the output and makes it NaN (0 times either). So where the result holds a NaN (that, or an
     attended value that is not finite) the keys are attended again with the hidden values zeroed;
     the common case never takes the values through registers for that select."""
     kv_base = batch * stride_kb + kv_head * stride_kh
@@ -419,7 +420,7 @@ def span_kernel(
                 mask=(rows[:, None] == 0) & d_mask[None, :], other=0.0)
     t = pos + 1
     back = tl.load(back_ptr + t)
-    forward = tl.zeros_like(back)  # the forward table's entry where it counts (below, after the wait, under a mask)
+    forward = tl.zeros_like(back)  # no forward reach without a forward factor
     if HAS_FORWARD:
         forward = tl.load(forward_ptr + t)  # counted from key 0: right unless the mask hides key 0
     if PDL:

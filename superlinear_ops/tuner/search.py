@@ -28,7 +28,7 @@ log = logging.getLogger(__name__)
 SAMPLERS = ("tpe", "random", "exhaustive")
 FINISHED = (TrialState.COMPLETE, TrialState.PRUNED, TrialState.FAIL)
 INTERRUPTED = "interrupted"  # user attribute of a trial stopped by Ctrl-C: no result, measured again
-EARLIER = "earlier_winner"  # study attribute: the trial parameters of the winner stored before this search
+EARLIER = "earlier_winner"  # study attribute: the trial parameters of the winner stored when the study began
 
 
 @dataclass(frozen=True)
@@ -179,13 +179,15 @@ def run_search(
     """Run (or resume) the search of one problem until it has ``settings.trials`` finished trials.
 
     The default runs first, then ``earlier`` (trial parameters of a winner stored before, kept on
-    the study as ``EARLIER``), each once per study. ``known`` failures (by variant and configuration
+    the study as ``EARLIER`` when the study begins), each once per study. ``known`` failures (by variant and configuration
     text) are recorded failed without running; ``on_failure`` hears of every new failure.
     """
     variants = {v.name: v for v in tunable_variants(problem)}
     if not variants:
         return
-    if earlier is not None:
+    # EARLIER is recorded once, as the study begins (None too): on a resumed run the store may hold this
+    # study's own unconfirmed best (an interrupted run stores it), which must not pass for a winner stored before.
+    if EARLIER not in study.user_attrs and not study.get_trials(deepcopy=False):
         study.set_user_attr(EARLIER, earlier)
     for params in (default_params(problem), earlier):
         if params is not None and not any(t.system_attrs.get("fixed_params", t.params) == params and INTERRUPTED not in t.user_attrs

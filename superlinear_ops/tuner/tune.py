@@ -11,7 +11,8 @@ GPU with ``--workers``); this process only drives Optuna. Every failure is recor
 and in the store (``--cache``), and a candidate the store says failed (same variant code, same
 Triton) is recorded failed again without running. A winner other than the default is timed again
 beside the default (``confirm_winner``) and stored only when it is clearly faster there (or, when it is
-the winner stored before, measured again after a change of code, when it is faster there at all).
+the winner stored as its study began, measured again after a change of code, when it is faster there at
+all); a run interrupted before its confirmation stores its best trial as measured.
 
 Ctrl-C stops a run cleanly: the trial it interrupts is marked ``interrupted`` (no result; it runs
 again on resume), the winners found so far are stored, and a one-line message replaces the
