@@ -204,9 +204,10 @@ def _attend_keys(
 
     Under a mask TMA loads the hidden keys (and those past ``hi`` in the last block) too, and their
     zero weights first meet their values as loaded: that adds nothing unless one of them holds a
-    NaN or an infinity, which must not reach the output and makes it NaN (0 times either). So where the result holds a NaN (that, or an
-    attended value that is not finite) the keys are attended again with the hidden values zeroed;
-    the common case never takes the values through registers for that select."""
+    NaN or an infinity, which must not reach the output and makes it NaN (0 times either). So
+    where the result holds a NaN (that, or an attended value that is not finite) the keys are
+    attended again with the hidden values zeroed; the common case never takes the values through
+    registers for that select."""
     kv_base = batch * stride_kb + kv_head * stride_kh
     mask_base = batch * stride_mb
     if KV_TMA:

@@ -179,8 +179,9 @@ def run_search(
     """Run (or resume) the search of one problem until it has ``settings.trials`` finished trials.
 
     The default runs first, then ``earlier`` (trial parameters of a winner stored before, kept on
-    the study as ``EARLIER`` when the study begins), each once per study. ``known`` failures (by variant and configuration
-    text) are recorded failed without running; ``on_failure`` hears of every new failure.
+    the study as ``EARLIER`` when the study begins), each once per study. ``known`` failures (by
+    variant and configuration text) are recorded failed without running; ``on_failure`` hears of
+    every new failure.
     """
     variants = {v.name: v for v in tunable_variants(problem)}
     if not variants:
