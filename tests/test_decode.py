@@ -130,13 +130,15 @@ def test_grouped_first_allowed_key_over_several_mask_slices(variant, mask: str, 
                                                             monkeypatch) -> None:
     """The grouped variant finds each row's first allowed key from per-slice minima (slices dealt
     over the KV groups), stripe_spans by reading slice after slice until one holds it; small slices
-    make several, the first of them wholly masked."""
+    make several, the first of them wholly masked (past its first 16 keys, which it reads beside its
+    tables)."""
     from superlinear_ops.decode import grouped_kernels as decode_grouped
 
     monkeypatch.setattr(decode_grouped, "MASK_SLICE", 16)
+    monkeypatch.setattr(decode_grouped, "MASK_HEAD", 16)
     x = make_decode_inputs(DecodeCase("fp32", 2, mask=mask, lkv=256, pos=180, hkv=2), gen)
     x.mask[:, :50] = False
-    x.mask[0, 50:70] = False  # rows start at different slices
+    x.mask[0, 50:80] = False  # rows start at different slices (row 0: t - first = 101 = 10 ** 2 + 1)
     got, _ = launch_variant(variant, x)
     assert_close(got, x.oracle()[0], torch.float32, 256, variant.name)
 

@@ -6,7 +6,8 @@
    then keep each head's local top-``TOPK`` (score, anchor position) candidates (the keys load
    does not wait for the mask: a masked stripe's score is dropped after the dot);
    window blocks score ``WINDOW_CHUNK`` window keys against all ``rep`` attention queries of the
-   group in one dot and write each head's partial softmax state. For forward spans under a mask
+   group in one dot and write each head's partial softmax state (for ``stripe_spans`` under a mask
+   through TMA, as its span blocks, else by pointer loads). For forward spans under a mask
    the grid also holds programs that each find the first allowed key of ``MASK_SLICE`` mask
    entries (``span_kernel`` takes the minimum); for the ``stripe_spans`` decode
    (``stripe_spans_kernels``) it holds instead a program per chunk of every stripe's span, which
@@ -52,6 +53,7 @@ __all__ = ["grouped_decode_attention", "mask_operand", "span_chunk_length"]
 
 NO_ANCHOR = tl.constexpr(-1)  # candidate anchor that loses every tie (ties go to the nearest anchor: the lowest stripe)
 MASK_SLICE = 4096  # mask entries per first-allowed-key program
+MASK_HEAD = 256  # mask entries every stripe-span program reads beside its tables
 MIN_DOT = tl.constexpr(grouped_plan.MIN_DOT)  # smallest tl.dot extent
 
 
@@ -252,27 +254,34 @@ def _group_partial(
 
 @triton.jit
 def _window_chunk(
-    Q2_ptr, K_ptr, V_ptr, mask_ptr, acc_ptr, m_ptr, l_ptr, wchunk, group, batch, pos,
+    Q2_ptr, K_ptr, V_ptr, k_desc, v_desc, mask_ptr, acc_ptr, m_ptr, l_ptr, wchunk, group, batch, pos,
     stride_qb, stride_qh, stride_kb, stride_kh, stride_kl, stride_mb,
-    H_Q, REP, WINDOW, N_WCHUNKS, WCHUNK, qk_scale,
-    REP_PAD: tl.constexpr, D_HEAD: tl.constexpr, BLOCK_D: tl.constexpr, WINDOW_BLOCK: tl.constexpr,
-    HAS_MASK: tl.constexpr, UPCAST: tl.constexpr,
+    H_Q, L_KV, REP, WINDOW, N_WCHUNKS, WCHUNK, qk_scale,
+    REP_PAD: tl.constexpr, D_HEAD: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_K: tl.constexpr,
+    WINDOW_BLOCK: tl.constexpr, HAS_MASK: tl.constexpr, KV_TMA: tl.constexpr, UPCAST: tl.constexpr,
 ):
+    """Chunk ``wchunk`` (``WCHUNK`` keys) of the window for every head of the group: through TMA in
+    the descriptors' ``BLOCK_K``-key blocks where ``KV_TMA`` (no key load waits for the mask), else by
+    pointer loads in ``WINDOW_BLOCK``-key blocks."""
     window_lo, window_hi = window_bounds(pos.to(tl.int32), WINDOW)
     lo = window_lo + wchunk * WCHUNK
     hi = tl.minimum(window_hi, lo + WCHUNK - 1)
-    # Pointer loads: WINDOW_BLOCK need not be the descriptors' block (L_KV, which only they use, is 0).
-    _group_partial(Q2_ptr, K_ptr, V_ptr, K_ptr, V_ptr, mask_ptr, acc_ptr, m_ptr, l_ptr, group, batch, lo, hi, wchunk,
-                   N_WCHUNKS, stride_qb, stride_qh, stride_kb, stride_kh, stride_kl, stride_mb, H_Q, 0, REP, qk_scale,
-                   REP_PAD, D_HEAD, BLOCK_D, WINDOW_BLOCK, HAS_MASK, False, UPCAST)
+    if KV_TMA:
+        _group_partial(Q2_ptr, K_ptr, V_ptr, k_desc, v_desc, mask_ptr, acc_ptr, m_ptr, l_ptr, group, batch, lo, hi,
+                       wchunk, N_WCHUNKS, stride_qb, stride_qh, stride_kb, stride_kh, stride_kl, stride_mb, H_Q, L_KV,
+                       REP, qk_scale, REP_PAD, D_HEAD, BLOCK_D, BLOCK_K, HAS_MASK, True, UPCAST)
+    else:  # L_KV, which only the descriptors' rows use, is 0
+        _group_partial(Q2_ptr, K_ptr, V_ptr, K_ptr, V_ptr, mask_ptr, acc_ptr, m_ptr, l_ptr, group, batch, lo, hi,
+                       wchunk, N_WCHUNKS, stride_qb, stride_qh, stride_kb, stride_kh, stride_kl, stride_mb, H_Q, 0,
+                       REP, qk_scale, REP_PAD, D_HEAD, BLOCK_D, WINDOW_BLOCK, HAS_MASK, False, UPCAST)
 
 
 @triton.jit
-def _first_allowed(mask_ptr, window_start, L_KV, SLICE: tl.constexpr):
-    """The first key before ``window_start`` that the mask row allows (L_KV when none), read
+def _first_allowed(mask_ptr, start, window_start, L_KV, SLICE: tl.constexpr):
+    """The first key in [start, window_start) that the mask row allows (L_KV when none), read
     ``SLICE`` entries at a time until one is found."""
     first = window_start * 0 + L_KV
-    start = window_start * 0
+    start = window_start * 0 + start
     while (first == L_KV) & (start < window_start):
         keys = start + tl.arange(0, SLICE)
         read = keys < window_start
@@ -288,7 +297,7 @@ def _stripe_span_chunk(
     program, group, batch, pos, stride_qb, stride_qh, stride_kb, stride_kh, stride_kl, stride_mb,
     H_Q, L_KV, REP, WINDOW, N_STRIPES, N_SCHUNKS, SCHUNK, qk_scale,
     REP_PAD: tl.constexpr, D_HEAD: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_K: tl.constexpr,
-    SLICE: tl.constexpr, HAS_MASK: tl.constexpr, HAS_FORWARD: tl.constexpr,
+    SLICE: tl.constexpr, MASK_HEAD: tl.constexpr, HAS_MASK: tl.constexpr, HAS_FORWARD: tl.constexpr,
     KV_TMA: tl.constexpr, UPCAST: tl.constexpr,
 ):
     """Chunk ``program % N_SCHUNKS`` (``SCHUNK`` keys) of the span of stripe ``program // N_SCHUNKS``
@@ -297,10 +306,11 @@ def _stripe_span_chunk(
     stripe that is not valid (outside [0, window start)) stores nothing: no head can choose it.
 
     Under a mask the forward length counts from the row's first allowed key, which can only shorten
-    the span: a chunk that ends by the anchor does not need it, nor a row whose mask allows key 0
-    (read beside the tables); otherwise the chunk scans the mask for it. The keys come as
-    ``_attend_keys`` takes them (through TMA, each block's mask entries read one block ahead), with
-    no read of the chunk's mask before its first loads."""
+    the span; a chunk that ends by the anchor does not need it. The first ``MASK_HEAD`` mask entries
+    and the forward lengths they would give are read beside the tables, so the chunks that need it
+    wait for no further read unless the mask hides all of those keys (then it scans on). The keys
+    come as ``_attend_keys`` takes them (through TMA, each block's mask entries read one block
+    ahead), with no read of the chunk's mask before its first loads."""
     stripe = program // N_SCHUNKS
     chunk = program % N_SCHUNKS
     places = N_STRIPES * N_SCHUNKS  # partials per row
@@ -308,7 +318,11 @@ def _stripe_span_chunk(
     window_start = tl.maximum(pos - WINDOW + 1, 0)
     loc = t - tl.load(offsets_ptr + stripe)
     if HAS_MASK and HAS_FORWARD:
-        key0_hidden = tl.load(mask_ptr + batch * stride_mb) == 0
+        mask_row = mask_ptr + batch * stride_mb
+        head = tl.arange(0, MASK_HEAD)
+        in_head = head < window_start  # only keys before the window count; then t - head > 0
+        head_allowed = in_head & (tl.load(mask_row + head, mask=in_head, other=0) != 0)
+        head_forward = tl.load(forward_ptr + t - head, mask=in_head, other=0)
     if (loc >= 0) & (loc < window_start):
         lo = (tl.maximum(loc - tl.load(back_ptr + t), 0) + chunk * SCHUNK).to(tl.int32)
         hi = loc
@@ -316,10 +330,14 @@ def _stripe_span_chunk(
             hi = tl.minimum(loc + tl.load(forward_ptr + t), pos - WINDOW)
         hi = tl.minimum(hi, lo + SCHUNK - 1).to(tl.int32)
         if HAS_MASK and HAS_FORWARD:
-            if (hi > loc) & key0_hidden:
-                first = _first_allowed(mask_ptr + batch * stride_mb, window_start, L_KV, SLICE)
+            if hi > loc:
+                first = tl.min(tl.where(head_allowed, head, L_KV), axis=0).to(tl.int64)
+                reach = tl.sum(tl.where(head == first, head_forward, 0), axis=0)
+                if first == L_KV:  # none among the first MASK_HEAD keys
+                    first = _first_allowed(mask_row, MASK_HEAD, window_start, L_KV, SLICE)
+                    reach = tl.load(forward_ptr + t - first, mask=first < L_KV, other=0)
                 if (first > 0) & (first < L_KV):
-                    hi = tl.minimum(hi, loc + tl.load(forward_ptr + t - first)).to(tl.int32)
+                    hi = tl.minimum(hi, loc + reach).to(tl.int32)
         _group_partial(Q2_ptr, K_ptr, V_ptr, k_desc, v_desc, mask_ptr, acc_ptr, m_ptr, l_ptr, group, batch, lo, hi,
                        program, places, stride_qb, stride_qh, stride_kb, stride_kh, stride_kl, stride_mb, H_Q, L_KV,
                        REP, qk_scale, REP_PAD, D_HEAD, BLOCK_D, BLOCK_K, HAS_MASK, KV_TMA, UPCAST)
@@ -334,15 +352,16 @@ def group_kernel(
     H_Q, L_KV, REP, WINDOW, LAST, N_STRIPES, N_BLOCKS, N_CANDIDATES, N_WCHUNKS, WCHUNK, N_SLICES,
     N_SCHUNKS, SCHUNK, qk_scale,
     TOPK: tl.constexpr, BLOCK_S: tl.constexpr, REP_PAD: tl.constexpr, D_HEAD: tl.constexpr,
-    BLOCK_D: tl.constexpr, WINDOW_BLOCK: tl.constexpr, SLICE: tl.constexpr, BLOCK_K: tl.constexpr,
-    HAS_MASK: tl.constexpr, HAS_FORWARD: tl.constexpr, STRIPE_SPANS: tl.constexpr,
-    KV_TMA: tl.constexpr, UPCAST: tl.constexpr, PDL: tl.constexpr,
+    BLOCK_D: tl.constexpr, WINDOW_BLOCK: tl.constexpr, SLICE: tl.constexpr, MASK_HEAD: tl.constexpr,
+    BLOCK_K: tl.constexpr, HAS_MASK: tl.constexpr, HAS_FORWARD: tl.constexpr, STRIPE_SPANS: tl.constexpr,
+    KV_TMA: tl.constexpr, WINDOW_TMA: tl.constexpr, UPCAST: tl.constexpr, PDL: tl.constexpr,
 ):
-    """Per (program, KV head, batch): a block of stripe candidates, a chunk of the window, and then
-    with ``STRIPE_SPANS`` a chunk of one stripe's span (``SCHUNK`` keys in ``BLOCK_K``-key blocks,
-    through TMA where ``KV_TMA``, else by pointer loads), else
-    (forward spans under a mask) the first allowed key of ``SLICE`` mask entries. Program 0 of each
-    group also zeroes its heads' finished-program counters for ``span_kernel``."""
+    """Per (program, KV head, batch): a block of stripe candidates, a chunk of the window (through
+    TMA where ``WINDOW_TMA``, else by pointer loads), and then with ``STRIPE_SPANS`` a chunk of one
+    stripe's span (``SCHUNK`` keys in ``BLOCK_K``-key blocks, through TMA where ``KV_TMA``, else by
+    pointer loads), else (forward spans under a mask) the first allowed key of ``SLICE`` mask
+    entries. Program 0 of each group also zeroes its heads' finished-program counters for
+    ``span_kernel``."""
     if PDL:
         gdc_launch_dependents()  # span_kernel may start launching; it waits for this grid's results
     pid = tl.program_id(0)
@@ -359,10 +378,10 @@ def group_kernel(
         )
     elif pid < N_BLOCKS + N_WCHUNKS:
         _window_chunk(
-            Q2_ptr, K_ptr, V_ptr, mask_ptr, win_acc_ptr, win_m_ptr, win_l_ptr, pid - N_BLOCKS, group, batch, pos,
-            stride_q2b, stride_q2h, stride_kb, stride_kh, stride_kl, stride_mb,
-            H_Q, REP, WINDOW, N_WCHUNKS, WCHUNK, qk_scale,
-            REP_PAD, D_HEAD, BLOCK_D, WINDOW_BLOCK, HAS_MASK, UPCAST,
+            Q2_ptr, K_ptr, V_ptr, k_desc, v_desc, mask_ptr, win_acc_ptr, win_m_ptr, win_l_ptr, pid - N_BLOCKS, group,
+            batch, pos, stride_q2b, stride_q2h, stride_kb, stride_kh, stride_kl, stride_mb,
+            H_Q, L_KV, REP, WINDOW, N_WCHUNKS, WCHUNK, qk_scale,
+            REP_PAD, D_HEAD, BLOCK_D, BLOCK_K, WINDOW_BLOCK, HAS_MASK, WINDOW_TMA, UPCAST,
         )
     elif STRIPE_SPANS:
         _stripe_span_chunk(
@@ -370,7 +389,7 @@ def group_kernel(
             span_m_ptr, span_l_ptr, pid - N_BLOCKS - N_WCHUNKS, group, batch, pos,
             stride_q2b, stride_q2h, stride_kb, stride_kh, stride_kl, stride_mb,
             H_Q, L_KV, REP, WINDOW, N_STRIPES, N_SCHUNKS, SCHUNK, qk_scale,
-            REP_PAD, D_HEAD, BLOCK_D, BLOCK_K, SLICE, HAS_MASK, HAS_FORWARD, KV_TMA, UPCAST,
+            REP_PAD, D_HEAD, BLOCK_D, BLOCK_K, SLICE, MASK_HEAD, HAS_MASK, HAS_FORWARD, KV_TMA, UPCAST,
         )
     else:  # mask slices dealt round-robin over the groups
         # Only keys before the window count: a first allowed key at or past the window start leaves
@@ -598,6 +617,10 @@ def run_group_kernel(
     programs = plan.n_blocks + plan.n_wchunks + plan.slice_programs + plan.stripe_programs
     # Stripe-span blocks through TMA where descriptors can describe K/V; the constexprs only
     # stripe-span programs read stay fixed without them, so grouped's block_k adds no compilation.
+    # Under a mask the window's blocks come through them too (no K/V load waits for its mask
+    # entries): with the stripe-span programs' mask head, 21.9 -> 15.3 us at 4K with a mask of ones on
+    # the H200. Without a mask, and for grouped's window at 64K, pointer loads were 0.2-0.9 us faster
+    # (docs/device-runs/h200-decode-window-tma.txt).
     descriptors = row_descriptors(k, v, block_k) if stripe_spans else None
     span_block = block_k if stripe_spans else MIN_DOT.value
     group_kernel[(programs, hkv, batch)](
@@ -608,8 +631,9 @@ def run_group_kernel(
         hq, lkv, plan.rep, window, last, offsets.numel(), plan.n_blocks, plan.n_candidates, plan.n_wchunks,
         WINDOW_CHUNK, plan.n_slices, plan.n_chunks, plan.chunk, qk_scale,
         TOPK=topk, BLOCK_S=block_s, REP_PAD=plan.rep_pad, D_HEAD=dim, BLOCK_D=plan.block_d, WINDOW_BLOCK=WINDOW_CHUNK,
-        SLICE=MASK_SLICE, BLOCK_K=span_block, HAS_MASK=attention_mask is not None,
-        HAS_FORWARD=has_forward, STRIPE_SPANS=stripe_spans, KV_TMA=descriptors is not None, UPCAST=upcast, PDL=pdl,
+        SLICE=MASK_SLICE, MASK_HEAD=MASK_HEAD, BLOCK_K=span_block, HAS_MASK=attention_mask is not None,
+        HAS_FORWARD=has_forward, STRIPE_SPANS=stripe_spans, KV_TMA=descriptors is not None,
+        WINDOW_TMA=descriptors is not None and attention_mask is not None, UPCAST=upcast, PDL=pdl,
         num_warps=num_warps, num_stages=num_stages,
     )
     return GroupStage(q2, k, v, mask, kv_strides, plan, (span_acc, span_m, span_l), (win_acc, win_m, win_l), chosen,
