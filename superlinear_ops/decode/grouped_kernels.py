@@ -266,14 +266,11 @@ def _window_chunk(
     window_lo, window_hi = window_bounds(pos.to(tl.int32), WINDOW)
     lo = window_lo + wchunk * WCHUNK
     hi = tl.minimum(window_hi, lo + WCHUNK - 1)
-    if KV_TMA:
-        _group_partial(Q2_ptr, K_ptr, V_ptr, k_desc, v_desc, mask_ptr, acc_ptr, m_ptr, l_ptr, group, batch, lo, hi,
-                       wchunk, N_WCHUNKS, stride_qb, stride_qh, stride_kb, stride_kh, stride_kl, stride_mb, H_Q, L_KV,
-                       REP, qk_scale, REP_PAD, D_HEAD, BLOCK_D, BLOCK_K, HAS_MASK, True, UPCAST)
-    else:  # L_KV, which only the descriptors' rows use, is 0
-        _group_partial(Q2_ptr, K_ptr, V_ptr, K_ptr, V_ptr, mask_ptr, acc_ptr, m_ptr, l_ptr, group, batch, lo, hi,
-                       wchunk, N_WCHUNKS, stride_qb, stride_qh, stride_kb, stride_kh, stride_kl, stride_mb, H_Q, 0,
-                       REP, qk_scale, REP_PAD, D_HEAD, BLOCK_D, WINDOW_BLOCK, HAS_MASK, False, UPCAST)
+    block: tl.constexpr = BLOCK_K if KV_TMA else WINDOW_BLOCK
+    keys_per_head = L_KV if KV_TMA else 0  # the descriptors' rows per head (pointer loads use none)
+    _group_partial(Q2_ptr, K_ptr, V_ptr, k_desc, v_desc, mask_ptr, acc_ptr, m_ptr, l_ptr, group, batch, lo, hi,
+                   wchunk, N_WCHUNKS, stride_qb, stride_qh, stride_kb, stride_kh, stride_kl, stride_mb, H_Q,
+                   keys_per_head, REP, qk_scale, REP_PAD, D_HEAD, BLOCK_D, block, HAS_MASK, KV_TMA, UPCAST)
 
 
 @triton.jit
@@ -281,7 +278,7 @@ def _first_allowed(mask_ptr, start, window_start, L_KV, SLICE: tl.constexpr):
     """The first key in [start, window_start) that the mask row allows (L_KV when none), read
     ``SLICE`` entries at a time until one is found."""
     first = window_start * 0 + L_KV
-    start = window_start * 0 + start
+    start = window_start * 0 + start  # the loop carries it as a tensor of window_start's type
     while (first == L_KV) & (start < window_start):
         keys = start + tl.arange(0, SLICE)
         read = keys < window_start
@@ -459,7 +456,7 @@ def span_kernel(
                 slices = tl.arange(0, SLICES_POW2)
                 first = tl.min(tl.load(first_ptr + batch * N_SLICES + slices, mask=slices < N_SLICES, other=L_KV), axis=0)
                 if (first > 0) & (first < L_KV):
-                    forward = tl.load(forward_ptr + tl.maximum(t - first, 0))
+                    forward = tl.load(forward_ptr + t - first)  # first < window start < t
         hi = tl.minimum(anchor + forward, pos - WINDOW)  # the key before the window
     hi = tl.where(score > float("-inf"), hi, -1)
     lo = (lo + chunk * CHUNK).to(tl.int32)
@@ -617,10 +614,10 @@ def run_group_kernel(
     programs = plan.n_blocks + plan.n_wchunks + plan.slice_programs + plan.stripe_programs
     # Stripe-span blocks through TMA where descriptors can describe K/V; the constexprs only
     # stripe-span programs read stay fixed without them, so grouped's block_k adds no compilation.
-    # Under a mask the window's blocks come through them too (no K/V load waits for its mask
-    # entries): with the stripe-span programs' mask head, 21.9 -> 15.3 us at 4K with a mask of ones on
-    # the H200. Without a mask, and for grouped's window at 64K, pointer loads were 0.2-0.9 us faster
-    # (docs/device-runs/h200-decode-window-tma.txt).
+    # Under a mask the window's blocks come through them too, so no K/V load waits for its mask
+    # entries (H200, 4K, mask of ones: 15.4 us; 21.9 with the window on pointer loads beside the
+    # stripe-span programs' mask head). Without a mask, and for grouped's window at 64K, pointer loads
+    # were 0.2-0.9 us faster (docs/device-runs/h200-decode-window-tma.txt).
     descriptors = row_descriptors(k, v, block_k) if stripe_spans else None
     span_block = block_k if stripe_spans else MIN_DOT.value
     group_kernel[(programs, hkv, batch)](
