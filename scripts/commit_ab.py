@@ -12,6 +12,7 @@ call of each kernel whose name matches (PyTorch profiler, 5 calls), per side.
 
     PYTHONPATH=.:scripts python3 scripts/commit_ab.py --base HEAD~1 --rounds 2
     PYTHONPATH=.:scripts python3 scripts/commit_ab.py --cases "training 16384" --kernels 'window_d|span_tile_backward'
+    PYTHONPATH=.:scripts python3 scripts/commit_ab.py --base-dir /tmp/base --masks none ones left_padding
 
 The earlier package comes from ``git archive BASE superlinear_ops cache`` (the repository's git
 history is needed where it runs: ``--base-dir DIR`` takes an extracted tree instead).
@@ -40,9 +41,15 @@ CASES = {  # name: (queries, keys, training)
 DEFAULT_CASES = ("prefill 8192 over 16384", "prefill 8192 over 139264", "training 4096")
 
 
-def measure(cases: list[str], out_dir: pathlib.Path, label: str, kernels: str | None) -> None:
-    """This process's side: time each case (and the kernels matching ``kernels``) and save its
-    outputs and timings under ``out_dir``."""
+def runs(cases: list[str], masks: list[str]) -> list[tuple[str, str, str | None]]:
+    """(label, case, mask kind or None) of every case under every mask kind ('none': no mask)."""
+    return [(name if kind == "none" else f"{name}, mask {kind}", name, None if kind == "none" else kind)
+            for name in cases for kind in masks]
+
+
+def measure(cases: list[str], masks: list[str], out_dir: pathlib.Path, label: str, kernels: str | None) -> None:
+    """This process's side: time each case under each mask (and the kernels matching ``kernels``)
+    and save its outputs and timings under ``out_dir``."""
     import torch
     from layer_compare import public_call, warm_gpu  # this folder's model-M helpers
     from prefill_compare import bench, profile
@@ -54,10 +61,10 @@ def measure(cases: list[str], out_dir: pathlib.Path, label: str, kernels: str | 
     print(f"{label}: package {pathlib.Path(superlinear_ops.__file__).parent}", flush=True)
     warm_gpu(1.0)
     timings = {}
-    for name in cases:
-        queries, keys, training = CASES[name]
+    for name, case, mask_kind in runs(cases, masks):
+        queries, keys, training = CASES[case]
         torch.manual_seed(0)
-        call, _ = public_call(queries, keys, training)
+        call, _ = public_call(queries, keys, training, mask_kind)
         with torch.enable_grad() if training else torch.no_grad():
             torch.save([t.cpu() for t in call()], out_dir / f"{label} {name}.pt")
             for _ in range(3):
@@ -80,13 +87,13 @@ def joined(runs: list[dict], key: str) -> str:
     return " / ".join(f"{run[key]:.3f}" for run in runs)
 
 
-def compare(cases: list[str], out_dir: pathlib.Path, rounds: int) -> None:
+def compare(cases: list[str], masks: list[str], out_dir: pathlib.Path, rounds: int) -> None:
     """Medians and ratios of the sides' timings, and whether their outputs are equal."""
     import torch
 
     load = lambda label: json.loads((out_dir / f"{label}.json").read_text())  # noqa: E731
     sides = {side: [load(f"{side}{r}") for r in range(rounds)] for side in ("base", "tree")}
-    for name in cases:
+    for name, _, _ in runs(cases, masks):
         base, tree = ([run[name] for run in sides[side]] for side in ("base", "tree"))
         ms = [sum(r["ms"] for r in runs) / rounds for runs in (base, tree)]
         outputs = [torch.load(out_dir / f"{side}0 {name}.pt") for side in ("base", "tree")]
@@ -118,6 +125,9 @@ def main() -> int:
     parser.add_argument("--rounds", type=int, default=2, help="processes per side, interleaved (default: 2)")
     parser.add_argument("--cases", nargs="+", default=list(DEFAULT_CASES), choices=list(CASES), metavar="CASE",
                         help=f"cases to run, of: {'; '.join(CASES)} (default: the first two prefill cases, training 4096)")
+    parser.add_argument("--masks", nargs="+", default=["none"], choices=["none", "ones", "holes", "left_padding"],
+                        help="run each case under each of these attention masks (default: none; "
+                             "holes: 10%% of the keys hidden, left_padding: the first 100)")
     parser.add_argument("--kernels", metavar="REGEX",
                         help="also profile the kernels whose names match, e.g. 'window_d|span_tile_backward'")
     parser.add_argument("--side", help=argparse.SUPPRESS)  # internal: run one side in this process
@@ -126,7 +136,7 @@ def main() -> int:
     if args.rounds < 1:
         parser.error("--rounds must be at least 1")
     if args.side:
-        measure(args.cases, pathlib.Path(args.out_dir), args.side, args.kernels)
+        measure(args.cases, args.masks, pathlib.Path(args.out_dir), args.side, args.kernels)
         return 0
     with tempfile.TemporaryDirectory(prefix="commit_ab_") as tmp:
         out_dir = pathlib.Path(tmp)
@@ -140,8 +150,9 @@ def main() -> int:
                 path = os.pathsep.join([str(package_root), str(here), os.environ.get("PYTHONPATH", "")])
                 profiled = ["--kernels", args.kernels] if args.kernels else []
                 subprocess.run([sys.executable, __file__, "--side", f"{side}{r}", "--out-dir", tmp, *profiled,
-                                "--cases", *args.cases], env={**os.environ, "PYTHONPATH": path}, check=True)
-        compare(args.cases, out_dir, args.rounds)
+                                "--cases", *args.cases, "--masks", *args.masks], env={**os.environ, "PYTHONPATH": path},
+                               check=True)
+        compare(args.cases, args.masks, out_dir, args.rounds)
     return 0
 
 

@@ -36,6 +36,7 @@ from superlinear_ops.layer.search import search_reference
 from superlinear_ops.layer.search_kernel import search_default, tiled_search
 from superlinear_ops.layer.stripe_tile_search import stripe_tile_default, stripe_tile_search
 from superlinear_ops.layer_api import superlinear_attention
+from superlinear_ops.ops.inputs import decode_mask
 from superlinear_ops.reference import span_forward_reference
 from superlinear_ops.settings import SpanSettings
 
@@ -77,14 +78,17 @@ def inputs(lq, lkv, seed=0, masked_front=0, grad=False):
     return q1, q2, k, v, torch.arange(lkv - lq, lkv, device=DEVICE), mask
 
 
-def public_call(lq, lkv, training):
+def public_call(lq, lkv, training, mask_kind=None):
     """(call, positions): ``call()`` runs the public op at model M on ``inputs(lq, lkv, seed=4)`` and
-    returns (O,) or, for training, (O, dQ1, dQ2, dK, dV) under a fixed output gradient."""
+    returns (O,) or, for training, (O, dQ1, dQ2, dK, dV) under a fixed output gradient; with
+    ``mask_kind`` ('ones', 'holes' or 'left_padding': ``ops.inputs.decode_mask``) under that mask."""
     q1, q2, k, v, positions, _ = inputs(lq, lkv, seed=4, grad=training)
     grad = torch.randn(1, HQ, lq, D, device=DEVICE, dtype=torch.bfloat16)
+    gen = torch.Generator(device=DEVICE).manual_seed(5)
+    mask = decode_mask(mask_kind, 1, lkv, lkv, torch.device(DEVICE), gen)
 
     def call():
-        out = superlinear_attention(q1, q2, k, v, positions, None, **ARGS)
+        out = superlinear_attention(q1, q2, k, v, positions, mask, **ARGS)
         return (out, *torch.autograd.grad(out, (q1, q2, k, v), grad)) if training else (out,)
     return call, positions
 

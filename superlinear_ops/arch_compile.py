@@ -10,9 +10,9 @@ compile error. ``generate`` writes that table (``arch_check`` reads it).
 Signatures follow what the launchers pass for the covered problem class (``DTYPE``, ``BLOCK_D``,
 unmasked, ``K_SPANS`` span slots): pointers and strides 16-divisible as Triton specialises them.
 The kernels with a tensor-memory-accelerator path (the forward's and the window dQ kernel) are
-compiled with pointer loads for every key block (``KV_TMA`` off: what masked inputs and GPUs
-before sm_90 run); their TMA path holds the same K/V stages in shared memory and fewer addresses
-in registers.
+compiled with pointer loads for every key block (``KV_TMA`` off: what GPUs before sm_90 run, and
+some tiles under a mask); their TMA path holds the same K/V stages in shared memory and fewer
+addresses in registers.
 """
 
 from __future__ import annotations
@@ -40,7 +40,7 @@ BLOCK_D = 128  # padded head dim: the table serves head dims 65 to 128 (model M:
 K_SPANS = 3
 _TRITON_TYPES = {"bfloat16": "bf16", "float16": "fp16", "float32": "fp32"}
 INPUT_POINTERS = frozenset({"Q_ptr", "K_ptr", "V_ptr", "dO_ptr", "dOs_ptr", "Out_ptr", "dQout_ptr", "dKout_ptr", "dVout_ptr"})
-INT32_POINTERS = frozenset({"lo_ptr", "hi_ptr", "perm_ptr", "first_ptr", "last_ptr", "tile_lo_ptr", "tile_hi_ptr"})
+INT32_POINTERS = frozenset({"lo_ptr", "hi_ptr", "perm_ptr", "first_ptr", "last_ptr", "tile_lo_ptr", "tile_hi_ptr", "suffix_ptr"})
 INT64_POINTERS = frozenset({"order_ptr", "spos_ptr", "cache_pos_ptr"})
 UNUSED_DESCRIPTORS = frozenset({"k_desc", "v_desc"})  # K and V again when KV_TMA is off
 FLOATS = frozenset({"qk_scale", "sm_scale"})
@@ -64,8 +64,12 @@ def _attention_tiles(m: int, n: int, d: int) -> dict:
     return dict(D_HEAD=d, BLOCK_D=d, BLOCK_M=m, BLOCK_N=n, HAS_MASK=False, UPCAST=False)
 
 
-def _forward_tiles(m: int, n: int, d: int) -> dict:  # kernels with a TMA path, compiled without it
+def _pointer_tiles(m: int, n: int, d: int) -> dict:  # kernels with a TMA path, compiled without it
     return dict(_attention_tiles(m, n, d), KV_TMA=False)
+
+
+def _forward_tiles(m: int, n: int, d: int) -> dict:  # the forward's kernels over every tile (no mask)
+    return dict(_pointer_tiles(m, n, d), TILES=0)
 
 
 def _window_dkdv_tiles(m: int, n: int, d: int) -> dict:  # the whole group in one part: the span part added in-kernel
@@ -73,7 +77,7 @@ def _window_dkdv_tiles(m: int, n: int, d: int) -> dict:  # the whole group in on
 
 
 def _swapped_tiles(m: int, n: int, d: int) -> dict:  # the dQ kernel's tiles are the dK/dV kernel's, transposed
-    return _forward_tiles(n, m, d)
+    return _pointer_tiles(n, m, d)
 
 
 def _span_tiles(m: int, n: int, d: int) -> dict:  # its edge-block TMA path off too

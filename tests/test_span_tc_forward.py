@@ -167,7 +167,7 @@ def test_whole_key_blocks_through_descriptors(tma: int, dtype: torch.dtype, gen:
     monkeypatch.setattr(span_tc_forward, "span_tile_kernel", spies["span_tile_kernel"])
     if not tma:
         for module in (window_attention, span_tc_forward):
-            monkeypatch.setattr(module, "key_value_descriptors", lambda *_: None)
+            monkeypatch.setattr(module, "row_descriptors", lambda *_: None)
     out, lse = run_tc(case, geo)
     assert [spy.tma for spy in spies.values()] == [[bool(tma)], [bool(tma)]]
     assert spies["span_tile_kernel"].edge_tma == [bool(tma)], "W 63 >= 16-key blocks: the edge blocks through TMA too"
@@ -250,23 +250,108 @@ def test_edge_blocks_never_read_an_unwritten_cache_tail(gen: torch.Generator, mo
 
 
 def test_descriptors_only_where_the_inputs_allow(gen: torch.Generator):
-    """A mask, K/V expanded over the batch (stride 0) or a row stride off 16 bytes fall back to
-    pointer loads (no descriptors), and the results stay the reference's."""
-    from superlinear_ops.kernels.window_attention import key_value_descriptors
+    """K/V expanded over the batch (stride 0) or a row stride off 16 bytes fall back to pointer
+    loads (no descriptors), and the results stay the reference's; a mask keeps the forward's
+    descriptors but not the backward's (``key_value_descriptors``)."""
+    from superlinear_ops.kernels.window_attention import key_value_descriptors, row_descriptors
 
     case = TileCase(torch.float32, 2, 4, 2, 20, 120, 20, 2, 6, None, False, 60, True)
     q, k, v, qstart, qend, cache_position, _ = make_inputs(case, gen)
-    assert key_value_descriptors(LaunchGeometry.prepare(q, k, v, qstart, qend, cache_position, None, case.window), 16)
     mask = torch.ones(case.batch, case.lkv, dtype=torch.bool)
+    masked = LaunchGeometry.prepare(q, k, v, qstart, qend, cache_position, mask, case.window)
+    assert row_descriptors(k, v, 16) and key_value_descriptors(masked, 16) is None
     expanded = k[:1].expand(case.batch, -1, -1, -1)
     odd_rows = torch.randn(case.batch, case.hkv, case.lkv, case.dim + 1, generator=gen)[..., : case.dim]  # 84-byte rows
-    for keys, values, m in ((k, v, mask), (expanded, expanded, None), (odd_rows, odd_rows, None)):
-        geo = LaunchGeometry.prepare(q, keys, values, qstart, qend, cache_position, m, case.window)
-        assert key_value_descriptors(geo, 16) is None
+    for keys, values in ((expanded, expanded), (odd_rows, odd_rows)):
+        geo = LaunchGeometry.prepare(q, keys, values, qstart, qend, cache_position, None, case.window)
+        assert row_descriptors(keys, values, 16) is None and key_value_descriptors(geo, 16) is None
         out, lse = run_tc(case, geo)
-        ref_out, ref_lse = span_forward_reference(q.double(), keys.double(), values.double(), qstart, qend, cache_position, m,
-                                                  case.window, return_lse=True)
+        ref_out, ref_lse = span_forward_reference(q.double(), keys.double(), values.double(), qstart, qend, cache_position,
+                                                  None, case.window, return_lse=True)
         check_against_reference(case, out, lse, ref_out, ref_lse)
+
+
+@pytest.mark.parametrize("poison", ["none", "nan", "inf"])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+def test_masked_key_blocks_through_descriptors(poison: str, dtype: torch.dtype, gen: torch.Generator, monkeypatch):
+    """Under a mask with holes (B 2, different rows; a long hole inside spans, one in the last
+    windows: no tile lies in an allowed suffix, so the second of each kernel's two launches takes
+    them all) the span tiles still load their whole blocks and their edge blocks through TMA (the
+    window kernel's masked tiles take pointer loads); the keys the mask hides get zero weights. With NaN or infinite K/V rows behind the
+    mask (``poison``), the tiles that meet them run again on pointer loads: every output stays the
+    reference's, which reads hidden keys as nothing."""
+    from superlinear_ops.kernels import span_tc_forward, window_attention
+
+    case = TileCase(dtype, 2, 4, 2, 40, 260, 40, 3, 7, None, True, 160, True)
+    q, k, v, qstart, qend, cache_position, mask = make_inputs(case, gen)
+    hidden = ~mask[:, : case.lkv]
+    assert hidden.any(dim=1).all() and not torch.equal(mask[0], mask[1])
+    if poison != "none":
+        k, v = k.clone(), v.clone()
+        rows = hidden.nonzero()
+        k[rows[:, 0], :, rows[:, 1]] = float(poison)
+        v[rows[:, 0], :, rows[:, 1]] = float(poison)
+    spies = {name: LaunchSpy(getattr(module, name)) for module, name in
+             ((window_attention, "window_attention_kernel"), (span_tc_forward, "span_tile_kernel"))}
+    monkeypatch.setattr(window_attention, "window_attention_kernel", spies["window_attention_kernel"])
+    monkeypatch.setattr(span_tc_forward, "span_tile_kernel", spies["span_tile_kernel"])
+    out, lse = run_tc(case, LaunchGeometry.prepare(q, k, v, qstart, qend, cache_position, mask, case.window))
+    assert [spy.tma for spy in spies.values()] == [[True, False], [True, True]], "masked window tiles by pointers"
+    assert spies["span_tile_kernel"].edge_tma == [True, True]
+    ref_out, ref_lse = span_forward_reference(
+        q.double(), k.double().nan_to_num(0, 0, 0), v.double().nan_to_num(0, 0, 0), qstart, qend, cache_position, mask,
+        case.window, return_lse=True,
+    )
+    check_against_reference(case, out, lse, ref_out, ref_lse)  # NaN never passes
+
+
+def test_allowed_suffix_start():
+    """The first key of each row's allowed keys where they run unbroken to the last key, else Lkv."""
+    from superlinear_ops.kernels.window_attention import allowed_suffix_start
+
+    keys = 40
+    rows = torch.ones(6, keys + 3, dtype=torch.int32)  # an integer mask, wider than the keys
+    rows[1, :7] = 0  # left padding
+    rows[2, :7] = 0
+    rows[2, 20] = 0  # and a hole after it
+    rows[3] = 0  # nothing allowed
+    rows[4, : keys - 1] = 0  # only the last key
+    rows[5, keys:] = 0  # hidden past the keys: not read
+    q, k = torch.zeros(6, 2, 1, 16), torch.zeros(6, 1, keys, 16)
+    span = torch.zeros(6, 2, 1, 1, dtype=torch.int64)
+    geo = LaunchGeometry.prepare(q, k, k, span, span, torch.tensor([keys - 1]), rows, 8)
+    assert allowed_suffix_start(geo).tolist() == [0, 7, keys, keys, keys - 1, 0]
+
+
+@pytest.mark.parametrize("padding", [(0, 0), (30, 70), (100, 5)])
+def test_tiles_split_at_the_allowed_suffix(padding: tuple[int, int], gen: torch.Generator, monkeypatch):
+    """Left padding (B 2, ``padding`` hidden keys per row, NaN and infinite K/V behind it; none: a
+    mask of ones): each kernel runs twice, over the tiles whose keys all lie in their row's allowed
+    suffix without the mask and over the others with it, and every row is written once, equal to
+    the reference's (the outputs are poisoned first)."""
+    from superlinear_ops.kernels import span_tc_forward, window_attention
+
+    case = TileCase(torch.float32, 2, 4, 2, 60, 260, 24, 3, 7, None, False, 160, True)
+    q, k, v, qstart, qend, cache_position, _ = make_inputs(case, gen)
+    mask = torch.ones(case.batch, case.lkv, dtype=torch.bool)
+    k, v = k.clone(), v.clone()
+    for row, hidden in enumerate(padding):
+        mask[row, :hidden] = False
+        k[row, :, :hidden], v[row, :, :hidden] = float("nan"), float("inf")
+    spies = {name: LaunchSpy(getattr(module, name)) for module, name in
+             ((window_attention, "window_attention_kernel"), (span_tc_forward, "span_tile_kernel"))}
+    monkeypatch.setattr(window_attention, "window_attention_kernel", spies["window_attention_kernel"])
+    monkeypatch.setattr(span_tc_forward, "span_tile_kernel", spies["span_tile_kernel"])
+    geo = LaunchGeometry.prepare(q, k, v, qstart, qend, cache_position, mask, case.window)
+    assert window_attention.allowed_suffix_start(geo).tolist() == list(padding)
+    out, lse = run_tc(case, geo)
+    split = [window_attention.SUFFIX_TILES.value, window_attention.MASKED_TILES.value]
+    assert [spy.tiles for spy in spies.values()] == [split, split]
+    ref_out, ref_lse = span_forward_reference(
+        q.double(), k.double().nan_to_num(0, 0, 0), v.double().nan_to_num(0, 0, 0), qstart, qend, cache_position, mask,
+        case.window, return_lse=True,
+    )
+    check_against_reference(case, out, lse, ref_out, ref_lse)  # NaN never passes
 
 
 @pytest.mark.parametrize("case", [c for c in SPAN_CASES if c.dtype != "fp64"], ids=lambda c: c.name)

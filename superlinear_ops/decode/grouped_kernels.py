@@ -43,7 +43,9 @@ import triton
 import triton.language as tl
 from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
-from ..kernels.common import LOG2E, attend_block, attend_described_block, online_softmax_step, tc_dot, window_bounds
+from ..kernels.common import (
+    LOG2E, allowed_keys, attend_block, attend_described_block, holds_nan, tc_dot, window_bounds,
+)
 from ..kernels.launch import hopper_or_newer, key_value_pair, unit_stride
 from ..kernels.window_attention import row_descriptors
 from . import grouped_plan
@@ -144,31 +146,11 @@ def _attend(
 
 
 @triton.jit
-def _kept_block(acc, m, l, q, k_desc, v_desc, row, keep, qk_scale, ZERO_V: tl.constexpr, UPCAST: tl.constexpr):
-    """One online-softmax step over a block loaded whole by the tensor memory accelerator from
-    ``row`` of the [keys, D] descriptors; keys where ``keep`` is False get score -inf, and with
-    ``ZERO_V`` value 0, else their zero weights meet their values as loaded (``_attend_keys``)."""
-    k = k_desc.load([row, 0])
-    v = v_desc.load([row, 0])
-    if ZERO_V:
-        v = tl.where(keep[:, None], v, 0.0)
-    s = tl.where(keep[None, :], tc_dot(q, tl.trans(k), UPCAST), float("-inf"))
-    return online_softmax_step(acc, m, l, s, v, qk_scale, UPCAST)
-
-
-@triton.jit
-def _allowed(mask_row_ptr, start, hi, offs):
-    """Which of keys start + offs lie at or before ``hi`` and are allowed by the mask row."""
-    keys = start + offs
-    return (keys <= hi) & (tl.load(mask_row_ptr + keys, mask=keys <= hi, other=0) != 0)
-
-
-@triton.jit
 def _attend_described(q, k_desc, v_desc, desc_row, lo, hi, mask_row_ptr, qk_scale, BLOCK_K: tl.constexpr,
                       HAS_MASK: tl.constexpr, ZERO_V: tl.constexpr, UPCAST: tl.constexpr):
     """``_attend`` with each block of keys loaded whole by the tensor memory accelerator from row
     ``desc_row`` + its first key of the [keys, D] descriptors; keys past ``hi`` and, with
-    ``HAS_MASK``, keys the mask row at ``mask_row_ptr`` hides get zero weights (``_kept_block``).
+    ``HAS_MASK``, keys the mask row at ``mask_row_ptr`` hides get zero weights (``attend_described_block``).
     Without a mask the values past ``hi`` in the last block are zeroed; under one the values of
     the keys past ``hi`` or hidden are zeroed only with ``ZERO_V``, whose loop (a rare second pass)
     runs in one stage. Under a mask each block's mask entries are read one block ahead, beside the
@@ -178,19 +160,20 @@ def _attend_described(q, k_desc, v_desc, desc_row, lo, hi, mask_row_ptr, qk_scal
     l = tl.zeros((q.shape[0],), dtype=tl.float32)
     offs = tl.arange(0, BLOCK_K)
     if HAS_MASK:
-        keep = _allowed(mask_row_ptr, lo, hi, offs)
+        keep = allowed_keys(mask_row_ptr, lo, hi, offs)
         for start in tl.range(lo, hi + 1, BLOCK_K, num_stages=1 if ZERO_V else None):
-            keep_ahead = _allowed(mask_row_ptr, start + BLOCK_K, hi, offs)
-            acc, m, l = _kept_block(acc, m, l, q, k_desc, v_desc, desc_row + start, keep, qk_scale, ZERO_V, UPCAST)
+            keep_ahead = allowed_keys(mask_row_ptr, start + BLOCK_K, hi, offs)
+            acc, m, l = attend_described_block(acc, m, l, q, k_desc, v_desc, desc_row + start, start, lo, hi, keep,
+                                               qk_scale, BLOCK_K, False, True, ZERO_V, UPCAST)
             keep = keep_ahead
     else:
         whole_end = lo + tl.maximum(hi - lo + 1, 0) // BLOCK_K * BLOCK_K  # blocks lo.. whole_end - 1 lie in the span
         for start in range(lo, whole_end, BLOCK_K):
-            acc, m, l = attend_described_block(acc, m, l, q, k_desc, v_desc, desc_row + start, start, lo, hi,
-                                               qk_scale, BLOCK_K, False, UPCAST)
+            acc, m, l = attend_described_block(acc, m, l, q, k_desc, v_desc, desc_row + start, start, lo, hi, None,
+                                               qk_scale, BLOCK_K, False, False, False, UPCAST)
         if whole_end <= hi:
-            acc, m, l = _kept_block(acc, m, l, q, k_desc, v_desc, desc_row + whole_end, whole_end + offs <= hi,
-                                    qk_scale, True, UPCAST)
+            acc, m, l = attend_described_block(acc, m, l, q, k_desc, v_desc, desc_row + whole_end, whole_end, lo, hi,
+                                               whole_end + offs <= hi, qk_scale, BLOCK_K, False, True, True, UPCAST)
     return acc, m, l
 
 
@@ -217,7 +200,7 @@ def _attend_keys(
         acc, m, l = _attend_described(q, k_desc, v_desc, desc_row, lo, hi, mask_ptr + mask_base, qk_scale,
                                       BLOCK_K, HAS_MASK, False, UPCAST)
         if HAS_MASK:
-            if tl.max((acc != acc).to(tl.int32)) > 0:  # a zero weight times a NaN or an infinity
+            if holds_nan(acc):  # a zero weight times a NaN or an infinity
                 acc, m, l = _attend_described(q, k_desc, v_desc, desc_row, lo, hi, mask_ptr + mask_base, qk_scale,
                                               BLOCK_K, True, True, UPCAST)
     else:

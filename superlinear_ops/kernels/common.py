@@ -157,19 +157,41 @@ def attend_block(
 
 
 @triton.jit
+def allowed_keys(mask_row_ptr, start, hi, offs):
+    """Which of keys start + offs lie at or before ``hi`` and are allowed by the mask row."""
+    keys = start + offs
+    return (keys <= hi) & (tl.load(mask_row_ptr + keys, mask=keys <= hi, other=0) != 0)
+
+
+@triton.jit
 def attend_described_block(
-    acc, m, l, q, k_desc, v_desc, row, start, row_lo, row_hi, qk_scale,
-    BLOCK_N: tl.constexpr, ROW_MASK: tl.constexpr, UPCAST: tl.constexpr,
+    acc, m, l, q, k_desc, v_desc, row, start, row_lo, row_hi, keep, qk_scale,
+    BLOCK_N: tl.constexpr, ROW_MASK: tl.constexpr, KEEP: tl.constexpr, ZERO_V: tl.constexpr, UPCAST: tl.constexpr,
 ):
     """``attend_block`` for keys start..start+BLOCK_N-1 loaded whole by the tensor memory
-    accelerator from ``row`` of the [keys, D] descriptors. Without ``ROW_MASK`` every row attends
-    every key of the block (no masks at all); with it row r attends [row_lo[r], row_hi[r]] and the
-    block's other keys, loaded as they are, only meet zero weights (the caller makes sure that
-    they are keys of the same group that hold finite values)."""
+    accelerator from ``row`` of the [keys, D] descriptors. Without ``ROW_MASK`` or ``KEEP`` every
+    row attends every key of the block (no masks at all); with ``ROW_MASK`` row r attends
+    [row_lo[r], row_hi[r]], and with ``KEEP`` only the keys where ``keep`` [BLOCK_N] is True (the
+    attention mask). The block's other keys, loaded as they are, only meet zero weights, so the
+    caller makes sure that they hold finite values or, with ``ZERO_V``, the values of the keys not
+    kept are zeroed (``holds_nan``: a second pass where a first one met a NaN)."""
     k = k_desc.load([row, 0])
     v = v_desc.load([row, 0])
+    if ZERO_V:
+        v = tl.where(keep[:, None], v, 0.0)
     s = tc_dot(q, tl.trans(k), UPCAST)
     if ROW_MASK:
         offs_n = start + tl.arange(0, BLOCK_N)
         s = tl.where(in_rows(offs_n, row_lo, row_hi), s, float("-inf"))
+    if KEEP:
+        s = tl.where(keep[None, :], s, float("-inf"))
     return online_softmax_step(acc, m, l, s, v, qk_scale, UPCAST)
+
+
+@triton.jit
+def holds_nan(acc):
+    """Whether a softmax accumulator holds a NaN: where keys came through TMA under an attention
+    mask, a hidden key's zero weight met its value as loaded, and 0 times a NaN or an infinity is
+    NaN (that, or an attended value that is not finite: a second pass with the hidden values zeroed
+    tells them apart)."""
+    return tl.max((acc != acc).to(tl.int32)) > 0  # noqa: PLR0124 - NaN test
