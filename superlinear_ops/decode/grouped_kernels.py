@@ -44,7 +44,13 @@ import triton.language as tl
 from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
 from ..kernels.common import (
-    LOG2E, allowed_keys, attend_block, attend_described_block, holds_nan, tc_dot, window_bounds,
+    LOG2E,
+    allowed_keys,
+    attend_block,
+    attend_described_block,
+    holds_nan,
+    tc_dot,
+    window_bounds,
 )
 from ..kernels.launch import hopper_or_newer, key_value_pair, unit_stride
 from ..kernels.window_attention import row_descriptors

@@ -36,7 +36,14 @@ from .launch import LaunchGeometry, check_tile_config, forward_outputs
 from .side_stream import SideStream
 from .span_tiles import span_tile_plan
 from .window_attention import (
-    SUFFIX_TILES, allowed_suffix_start, attend_rows, block_d, row_descriptors, takes_tile, tile_launches, upcast_dots,
+    SUFFIX_TILES,
+    allowed_suffix_start,
+    attend_rows,
+    block_d,
+    row_descriptors,
+    takes_tile,
+    tile_launches,
+    upcast_dots,
     window_attention,
 )
 
