@@ -126,16 +126,19 @@ def test_tied_search_scores_choose_the_nearest_stripes(variant, gen: torch.Gener
 
 @pytest.mark.parametrize("variant", GROUPED, ids=[v.name for v in GROUPED])
 @pytest.mark.parametrize("mask", ["holes", "static"])
-def test_grouped_first_allowed_key_over_several_mask_slices(variant, mask: str, gen: torch.Generator,
+@pytest.mark.parametrize("head", [16, None])
+def test_grouped_first_allowed_key_over_several_mask_slices(variant, mask: str, head: int | None, gen: torch.Generator,
                                                             monkeypatch) -> None:
     """The grouped variant finds each row's first allowed key from per-slice minima (slices dealt
     over the KV groups), stripe_spans by reading slice after slice until one holds it; small slices
-    make several, the first of them wholly masked (past its first 16 keys, which it reads beside its
-    tables)."""
+    make several, the first of them wholly masked (past its first ``head`` = 16 keys, which it reads
+    beside its tables; with the default head the first allowed keys lie in it). Row 0's forward
+    length is one key longer from its first allowed key than from the key after it."""
     from superlinear_ops.decode import grouped_kernels as decode_grouped
 
     monkeypatch.setattr(decode_grouped, "MASK_SLICE", 16)
-    monkeypatch.setattr(decode_grouped, "MASK_HEAD", 16)
+    if head is not None:
+        monkeypatch.setattr(decode_grouped, "MASK_HEAD", head)
     x = make_decode_inputs(DecodeCase("fp32", 2, mask=mask, lkv=256, pos=180, hkv=2), gen)
     x.mask[:, :50] = False
     x.mask[0, 50:80] = False  # rows start at different slices (row 0: t - first = 101 = 10 ** 2 + 1)
