@@ -24,6 +24,17 @@ def check_against_reference(case, out, lse, ref_out, ref_lse, dtype=None):
     assert_close(lse[~nobody], ref_lse[~nobody], torch.float32, case.lkv, "lse")
 
 
+def spied_forward_kernels(monkeypatch) -> dict[str, LaunchSpy]:
+    """The window and span-tile kernels replaced in their modules by spies, by kernel name."""
+    from superlinear_ops.kernels import span_tc_forward, window_attention
+
+    spies = {"window_attention_kernel": LaunchSpy(window_attention.window_attention_kernel),
+             "span_tile_kernel": LaunchSpy(span_tc_forward.span_tile_kernel)}
+    monkeypatch.setattr(window_attention, "window_attention_kernel", spies["window_attention_kernel"])
+    monkeypatch.setattr(span_tc_forward, "span_tile_kernel", spies["span_tile_kernel"])
+    return spies
+
+
 TINY = {  # 16-row tiles and 16-key blocks: every case crosses many tiles and key blocks
     "window_block_m": 16, "window_block_n": 16, "window_warps": 1, "window_stages": 1,
     "span_block_m": 16, "span_block_n": 16, "span_warps": 1, "span_stages": 1,
@@ -161,10 +172,7 @@ def test_whole_key_blocks_through_descriptors(tma: int, dtype: torch.dtype, gen:
     plan = span_tile_plan(geo, 16)
     lo, hi = plan.lo.view(plan.groups, -1, 16).max(dim=2).values, plan.hi.view(plan.groups, -1, 16).min(dim=2).values
     assert (hi - lo >= 32).any(), "some span tile has a whole 16-key block that all its rows attend"
-    spies = {name: LaunchSpy(getattr(module, name)) for module, name in
-             ((window_attention, "window_attention_kernel"), (span_tc_forward, "span_tile_kernel"))}
-    monkeypatch.setattr(window_attention, "window_attention_kernel", spies["window_attention_kernel"])
-    monkeypatch.setattr(span_tc_forward, "span_tile_kernel", spies["span_tile_kernel"])
+    spies = spied_forward_kernels(monkeypatch)
     if not tma:
         for module in (window_attention, span_tc_forward):
             monkeypatch.setattr(module, "row_descriptors", lambda *_: None)
@@ -280,7 +288,6 @@ def test_masked_key_blocks_through_descriptors(poison: str, dtype: torch.dtype, 
     window kernel's masked tiles take pointer loads); the keys the mask hides get zero weights. With NaN or infinite K/V rows behind the
     mask (``poison``), the tiles that meet them run again on pointer loads: every output stays the
     reference's, which reads hidden keys as nothing."""
-    from superlinear_ops.kernels import span_tc_forward, window_attention
 
     case = TileCase(dtype, 2, 4, 2, 40, 260, 40, 3, 7, None, True, 160, True)
     q, k, v, qstart, qend, cache_position, mask = make_inputs(case, gen)
@@ -291,10 +298,7 @@ def test_masked_key_blocks_through_descriptors(poison: str, dtype: torch.dtype, 
         rows = hidden.nonzero()
         k[rows[:, 0], :, rows[:, 1]] = float(poison)
         v[rows[:, 0], :, rows[:, 1]] = float(poison)
-    spies = {name: LaunchSpy(getattr(module, name)) for module, name in
-             ((window_attention, "window_attention_kernel"), (span_tc_forward, "span_tile_kernel"))}
-    monkeypatch.setattr(window_attention, "window_attention_kernel", spies["window_attention_kernel"])
-    monkeypatch.setattr(span_tc_forward, "span_tile_kernel", spies["span_tile_kernel"])
+    spies = spied_forward_kernels(monkeypatch)
     out, lse = run_tc(case, LaunchGeometry.prepare(q, k, v, qstart, qend, cache_position, mask, case.window))
     assert [spy.tma for spy in spies.values()] == [[True, False], [True, True]], "masked window tiles by pointers"
     assert spies["span_tile_kernel"].edge_tma == [True, True]
@@ -329,7 +333,7 @@ def test_tiles_split_at_the_allowed_suffix(padding: tuple[int, int], gen: torch.
     mask of ones): each kernel runs twice, over the tiles whose keys all lie in their row's allowed
     suffix without the mask and over the others with it, and every row is written once, equal to
     the reference's (the outputs are poisoned first)."""
-    from superlinear_ops.kernels import span_tc_forward, window_attention
+    from superlinear_ops.kernels import window_attention
 
     case = TileCase(torch.float32, 2, 4, 2, 60, 260, 24, 3, 7, None, False, 160, True)
     q, k, v, qstart, qend, cache_position, _ = make_inputs(case, gen)
@@ -338,10 +342,7 @@ def test_tiles_split_at_the_allowed_suffix(padding: tuple[int, int], gen: torch.
     for row, hidden in enumerate(padding):
         mask[row, :hidden] = False
         k[row, :, :hidden], v[row, :, :hidden] = float("nan"), float("inf")
-    spies = {name: LaunchSpy(getattr(module, name)) for module, name in
-             ((window_attention, "window_attention_kernel"), (span_tc_forward, "span_tile_kernel"))}
-    monkeypatch.setattr(window_attention, "window_attention_kernel", spies["window_attention_kernel"])
-    monkeypatch.setattr(span_tc_forward, "span_tile_kernel", spies["span_tile_kernel"])
+    spies = spied_forward_kernels(monkeypatch)
     geo = LaunchGeometry.prepare(q, k, v, qstart, qend, cache_position, mask, case.window)
     assert window_attention.allowed_suffix_start(geo).tolist() == list(padding)
     out, lse = run_tc(case, geo)
