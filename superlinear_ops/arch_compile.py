@@ -9,10 +9,10 @@ compile error. ``generate`` writes that table (``arch_check`` reads it).
 
 Signatures follow what the launchers pass for the covered problem class (``DTYPE``, ``BLOCK_D``,
 unmasked, ``K_SPANS`` span slots): pointers and strides 16-divisible as Triton specialises them.
-The kernels with a tensor-memory-accelerator path (the forward's and the window dQ kernel) are
-compiled with pointer loads for every key block (``KV_TMA`` off: what GPUs before sm_90 run, and
-some tiles under a mask); their TMA path holds the same K/V stages in shared memory and fewer
-addresses in registers.
+The kernels with a tensor-memory-accelerator path (the forward's, the window dQ kernel and the
+window dK/dV kernel's query tiles) are compiled with pointer loads throughout (``KV_TMA`` and
+``ROWS_TMA`` off: what GPUs before sm_90 run, and some tiles under a mask); their TMA path holds
+the same stages in shared memory and fewer addresses in registers.
 """
 
 from __future__ import annotations
@@ -39,10 +39,10 @@ DTYPE = "bfloat16"  # 16-bit inputs: the table serves bfloat16 and float16 probl
 BLOCK_D = 128  # padded head dim: the table serves head dims 65 to 128 (model M: 128)
 K_SPANS = 3
 _TRITON_TYPES = {"bfloat16": "bf16", "float16": "fp16", "float32": "fp32"}
-INPUT_POINTERS = frozenset({"Q_ptr", "K_ptr", "V_ptr", "dO_ptr", "dOs_ptr", "Out_ptr", "dQout_ptr", "dKout_ptr", "dVout_ptr"})
-INT32_POINTERS = frozenset({"lo_ptr", "hi_ptr", "perm_ptr", "first_ptr", "last_ptr", "tile_lo_ptr", "tile_hi_ptr", "suffix_ptr"})
+INPUT_POINTERS = frozenset({"Q_ptr", "Qs_ptr", "K_ptr", "V_ptr", "dO_ptr", "dOs_ptr", "Out_ptr", "dQout_ptr", "dKout_ptr", "dVout_ptr"})
+INT32_POINTERS = frozenset({"lo_ptr", "hi_ptr", "perm_ptr", "rank_ptr", "first_ptr", "last_ptr", "tile_lo_ptr", "tile_hi_ptr", "suffix_ptr"})
 INT64_POINTERS = frozenset({"order_ptr", "spos_ptr", "cache_pos_ptr"})
-UNUSED_DESCRIPTORS = frozenset({"k_desc", "v_desc"})  # K and V again when KV_TMA is off
+UNUSED_DESCRIPTORS = frozenset({"k_desc", "v_desc", "q_desc", "do_desc"})  # the tensors again when KV_TMA / ROWS_TMA is off
 FLOATS = frozenset({"qk_scale", "sm_scale"})
 
 
@@ -73,7 +73,7 @@ def _forward_tiles(m: int, n: int, d: int) -> dict:  # the forward's kernels ove
 
 
 def _window_dkdv_tiles(m: int, n: int, d: int) -> dict:  # the whole group in one part: the span part added in-kernel
-    return dict(_attention_tiles(m, n, d), ATOMIC_ADD=False)
+    return dict(_attention_tiles(m, n, d), ATOMIC_ADD=False, ROWS_TMA=False)
 
 
 def _swapped_tiles(m: int, n: int, d: int) -> dict:  # the dQ kernel's tiles are the dK/dV kernel's, transposed

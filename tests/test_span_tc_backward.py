@@ -130,19 +130,25 @@ def test_spans_in_distinct_key_blocks_and_non_contiguous_q(gen: torch.Generator)
 
 @pytest.mark.parametrize("tma", [0, 1])
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
-def test_window_dq_whole_blocks_through_descriptors(tma: int, dtype: torch.dtype, gen: torch.Generator, monkeypatch) -> None:
-    """No mask, B 2, two KV groups, D 40, W 63 over 16-query tiles: the dQ kernel's whole key blocks
-    come through the TMA descriptors (``tma`` 1) or, withheld, by pointers; both match the reference."""
+@pytest.mark.parametrize("consecutive", [True, False], ids=["consecutive", "unsorted"])
+def test_window_kernels_whole_tiles_through_descriptors(tma: int, dtype: torch.dtype, consecutive: bool,
+                                                        gen: torch.Generator, monkeypatch) -> None:
+    """No mask, B 2, two KV groups, D 40, W 63 over 16-query tiles, positions in order or unsorted (the
+    query rows then lie in another order than the queries): the dQ kernel's whole key blocks and the
+    dK/dV kernel's query tiles (q and dO* in sorted order) come through TMA descriptors (``tma`` 1)
+    or, withheld, by pointers; both match the reference."""
     from superlinear_ops.kernels import window_tc_backward
 
-    case = TileCase(dtype, 2, 4, 2, 40, 200, 40, 3, 7, None, False, 60, True, config=SMALL)
-    spy = LaunchSpy(window_tc_backward.window_dq_kernel)
-    monkeypatch.setattr(window_tc_backward, "window_dq_kernel", spy)
+    case = TileCase(dtype, 2, 4, 2, 40, 200, 40, 3, 7, None, False, 60, consecutive, config=SMALL)
+    dq_spy = LaunchSpy(window_tc_backward.window_dq_kernel)
+    dkdv_spy = LaunchSpy(window_tc_backward.window_dkdv_kernel, tma_flag="ROWS_TMA")
+    monkeypatch.setattr(window_tc_backward, "window_dq_kernel", dq_spy)
+    monkeypatch.setattr(window_tc_backward, "window_dkdv_kernel", dkdv_spy)
     if not tma:
         monkeypatch.setattr(window_tc_backward, "key_value_descriptors", lambda *_: None)
+        monkeypatch.setattr(window_tc_backward, "row_descriptors", lambda *_: None)
     check_gradients(case, make_inputs(case, gen), gen)
-    assert spy.tma == [bool(tma)]
-
+    assert dq_spy.tma == [bool(tma)] and dkdv_spy.tma == [bool(tma)]
 
 
 FULL_TILE_CASES = {  # W 63 over 16-key blocks: most query tiles of a key block (and key blocks of a
@@ -235,6 +241,7 @@ def test_window_tables_match_their_definition(name: str, gen: torch.Generator) -
     clamped = cache_position.long().clamp(max=lkv - 1)
     perm = tables.perm.long()
     assert tables.perm.dtype == torch.int32 and sorted(perm.tolist()) == list(range(lq)), "perm: a permutation"
+    assert tables.rank.dtype == torch.int32 and torch.equal(tables.rank.long()[perm], torch.arange(lq)), "rank: perm's inverse"
     assert torch.equal(tables.pos.long(), clamped[perm]), "pos: the clamped positions in perm's order"
     ties = tables.pos[1:] == tables.pos[:-1]
     assert bool((tables.pos[1:] >= tables.pos[:-1]).all()) and bool((perm[1:][ties] > perm[:-1][ties]).all()), "stable sort"

@@ -3,13 +3,15 @@
 With p_j = exp2(s2 - lse2_j) and delta_j = rowsum(dO_j * O_j), every block of keys is one pass:
 dS = p (dO.v - delta), dQ += dS k, dK += dS^T q (both times sm_scale), dV += p^T dO.
 
-1. ``combine_rows_kernel`` (one pass over O and dO): delta_j per (b, h, q, j) and, per (b, h, q),
+1. ``combine_rows_kernel`` (one pass over O, dO and Q): delta_j per (b, h, q, j) and, per (b, h, q),
    c = min of the finite lse2_j, w_j = exp2(c - lse2_j) (0 for +inf), dO* = sum_j w_j dO_j and
    delta* = sum_j w_j delta_j. Every span's lse includes all window keys, so the window keys'
-   gradients summed over the K spans are one flash-backward row with P = exp2(s2 - c) <= 1.
+   gradients summed over the K spans are one flash-backward row with P = exp2(s2 - c) <= 1. It writes
+   q (finite), dO*, c and delta* at each query's place in the window kernels' order of positions
+   (``window_tables``), so that their tiles are contiguous rows (TMA in the dK/dV kernel).
 2. ``span_tile_backward_kernel``: one program per (tile of ``span_block_m`` triples sorted by
    (span start // ``span_sort_block``, span end), see span_tiles.py; (batch, KV head) group). It
-   gathers the rows' q, dO_j, lse2_j, delta_j, streams the K/V blocks of the tile's key range with tensor-core dots and per-row masks,
+   gathers the rows' q (by their sorted place), dO_j, lse2_j, delta_j, streams the K/V blocks of the tile's key range with tensor-core dots and per-row masks,
    adds each block's dK/dV with one atomic add per tile and key block into fp32 buffers, and its
    dQ rows once at the end (the K spans of a query live in different tiles).
 3. window_tc_backward.py: sliding-window flash backward for the window part, which adds the span
@@ -17,9 +19,9 @@ dS = p (dO.v - delta), dQ += dS k, dK += dS^T q (both times sm_scale), dV += p^T
 
 Keys nobody attends (past the tile range, masked, uninitialised cache tail) are loaded as 0 and
 every per-(row, key) term goes through ``tl.where``, so they never reach a gradient. The kernels
-read Q and K with NaN and infinities as 0 (docs/semantics.md, section 2) from one pass over them
-before the kernels (``finite_operands``), not from a select on every key block in the loops (9% of
-the span kernel's time at model M's 64K training on the H200).
+read Q and K with NaN and infinities as 0 (docs/semantics.md, section 2) from one pass over each
+(``finite_keys`` before the kernels; Q in ``combine_rows_kernel``), not from a select on every key
+block in the loops (9% of the span kernel's time at model M's 64K training on the H200).
 No host synchronisation: grids and buffers depend on shapes only.
 """
 
@@ -33,16 +35,17 @@ import torch
 import triton
 import triton.language as tl
 
-from .common import LOG2E, in_rows, load_key_block, tc_dot, tile_range
+from .common import LOG2E, finite_or_zero, in_rows, load_key_block, tc_dot, tile_range
 from .launch import LaunchGeometry, check_tile_config, key_value_pair
 from .span_tiles import span_tile_plan
-from .window_tc_backward import operand, window_backward
+from .window_tc_backward import operand, window_backward, window_tables
 
 SPAN_TC_BACKWARD_DEFAULTS: dict[str, int] = {  # sm_90 (H200), bf16, D = 128, model M: best of 4K-64K sweeps
-    "window_block_m": 32,  # queries per tile of the dK/dV kernel (keys per block of the dQ kernel)
-    "window_block_n": 128,  # keys per block of the dK/dV kernel (queries per tile of the dQ kernel)
-    "window_warps": 8,
-    "window_stages": 3,
+    # the window kernels: best of a 16K / 64K sweep once the dK/dV query tiles came through TMA (session 27)
+    "window_block_m": 64,  # queries per tile of the dK/dV kernel (keys per block of the dQ kernel)
+    "window_block_n": 64,  # keys per block of the dK/dV kernel (queries per tile of the dQ kernel)
+    "window_warps": 4,
+    "window_stages": 2,
     "span_block_m": 128,  # sorted (head, query, span) triples per tile
     "span_block_n": 64,  # keys per block
     "span_warps": 8,
@@ -55,13 +58,23 @@ SPAN_TC_BACKWARD_TUNABLES = tuple(SPAN_TC_BACKWARD_DEFAULTS)
 
 @triton.jit
 def combine_rows_kernel(
-    O_ptr, dO_ptr, Lse_ptr, Delta_ptr, dOs_ptr, C_ptr, Ds_ptr, N_ROWS,
+    O_ptr, dO_ptr, Lse_ptr, Q_ptr, rank_ptr, Delta_ptr, Qs_ptr, dOs_ptr, C_ptr, Ds_ptr,
+    stride_qb, stride_qh, stride_ql, N_ROWS, H_Q, L_Q,
     K_SPANS: tl.constexpr, D_HEAD: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_R: tl.constexpr,
 ):
     rows = tl.program_id(0).to(tl.int64) * BLOCK_R + tl.arange(0, BLOCK_R)
     row_ok = rows < N_ROWS
     offs_d = tl.arange(0, BLOCK_D)
     rd_mask = row_ok[:, None] & (offs_d < D_HEAD)[None, :]
+    # (b, h, q) of each row and its place in the window kernels' sorted order
+    query = rows % L_Q
+    head = (rows // L_Q) % H_Q
+    batch = rows // (L_Q * H_Q)
+    place = rows - query + tl.load(rank_ptr + query, mask=row_ok, other=0)
+    q = tl.load(Q_ptr + (batch * stride_qb + head * stride_qh + query * stride_ql)[:, None] + offs_d[None, :],
+                mask=rd_mask, other=0.0)
+    sorted_offsets = place[:, None] * D_HEAD + offs_d[None, :]
+    tl.store(Qs_ptr + sorted_offsets, finite_or_zero(q), mask=rd_mask)
     c = tl.full((BLOCK_R,), float("inf"), tl.float32)
     for j in tl.static_range(K_SPANS):
         lse = tl.load(Lse_ptr + rows * K_SPANS + j, mask=row_ok, other=float("inf"))
@@ -81,16 +94,16 @@ def combine_rows_kernel(
         tl.store(Delta_ptr + slot, delta, mask=row_ok)
         dos += tl.where(w[:, None] > 0.0, w[:, None] * do, 0.0)
         delta_s += tl.where(w > 0.0, w * delta, 0.0)
-    tl.store(dOs_ptr + rows[:, None] * D_HEAD + offs_d[None, :], dos.to(dOs_ptr.dtype.element_ty), mask=rd_mask)
-    tl.store(C_ptr + rows, c, mask=row_ok)
-    tl.store(Ds_ptr + rows, delta_s, mask=row_ok)
+    tl.store(dOs_ptr + sorted_offsets, dos.to(dOs_ptr.dtype.element_ty), mask=rd_mask)
+    tl.store(C_ptr + place, c, mask=row_ok)
+    tl.store(Ds_ptr + place, delta_s, mask=row_ok)
 
 
 @triton.jit
 def span_tile_backward_kernel(
-    Q_ptr, K_ptr, V_ptr, order_ptr, lo_ptr, hi_ptr, mask_ptr, dO_ptr, Lse_ptr, Delta_ptr,
+    Qs_ptr, rank_ptr, K_ptr, V_ptr, order_ptr, lo_ptr, hi_ptr, mask_ptr, dO_ptr, Lse_ptr, Delta_ptr,
     dQ_ptr, dK_ptr, dV_ptr,
-    stride_qb, stride_qh, stride_ql, stride_kb, stride_kh, stride_kl, stride_mb,
+    stride_kb, stride_kh, stride_kl, stride_mb,
     H_KV, L_Q, L_KV, N_TRIPLES, REP, qk_scale, sm_scale,
     K_SPANS: tl.constexpr, D_HEAD: tl.constexpr, BLOCK_D: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, HAS_MASK: tl.constexpr, UPCAST: tl.constexpr,
@@ -114,8 +127,9 @@ def span_tile_backward_kernel(
     offs_d = tl.arange(0, BLOCK_D)
     d_mask = offs_d < D_HEAD
     rd_mask = row_ok[:, None] & d_mask[None, :]
-    q_rows = batch * stride_qb + head * stride_qh + query * stride_ql
-    q = tl.load(Q_ptr + q_rows[:, None] + offs_d[None, :], mask=rd_mask, other=0.0)
+    # q from the finite rows in the window kernels' sorted order (combine_rows_kernel): query's place
+    q_rows = (batch * H_KV * REP + head) * L_Q + tl.load(rank_ptr + query, mask=row_ok, other=0)
+    q = tl.load(Qs_ptr + q_rows[:, None] * D_HEAD + offs_d[None, :], mask=rd_mask, other=0.0)
     do = tl.load(dO_ptr + slot[:, None] * D_HEAD + offs_d[None, :], mask=rd_mask, other=0.0)
     lse = tl.load(Lse_ptr + slot, mask=row_ok, other=float("inf"))
     live = lse == lse  # a poisoned (NaN) row passes no gradient
@@ -146,12 +160,12 @@ def span_tile_backward_kernel(
     tl.atomic_add(dQ_ptr + rows[:, None] * D_HEAD + offs_d[None, :], dq * sm_scale, mask=dq_mask, sem="relaxed")
 
 
-def finite_operands(geo: LaunchGeometry) -> LaunchGeometry:
-    """``geo`` with Q and K copied, NaN and infinities read as 0 (V copied too when K's copy no longer
-    has its strides, e.g. K expanded over the batch: one set of strides serves K and V)."""
-    q, k = (torch.nan_to_num(t, nan=0.0, posinf=0.0, neginf=0.0) for t in (geo.q, geo.k))
-    k, v = key_value_pair(k, geo.v)
-    return replace(geo, q=q, k=k, v=v)
+def finite_keys(geo: LaunchGeometry) -> LaunchGeometry:
+    """``geo`` with K copied, NaN and infinities read as 0 (V copied too when K's copy no longer has
+    its strides, e.g. K expanded over the batch: one set of strides serves K and V). Q's rows are made
+    finite by ``combine_rows_kernel``, which writes them in the window kernels' sorted order."""
+    k, v = key_value_pair(torch.nan_to_num(geo.k, nan=0.0, posinf=0.0, neginf=0.0), geo.v)
+    return replace(geo, k=k, v=v)
 
 
 def span_backward_tc(
@@ -175,30 +189,33 @@ def span_backward_tc(
     if q.numel() == 0 or lkv == 0 or n_spans == 0:
         return torch.zeros_like(q), dk32.to(k.dtype), dv32.to(v.dtype)
     grad_out, out, lse2 = grad_out.contiguous(), out.contiguous(), lse2.contiguous()
-    geo = finite_operands(geo)
-    q, k, v = geo.q, geo.k, geo.v
+    geo = finite_keys(geo)
+    k, v = geo.k, geo.v
     upcast = q.device.type == "cpu" and q.dtype != torch.float32  # see tc_dot
     block_d = max(16, triton.next_power_of_2(dim))
+    tables = window_tables(geo.cache_position, lkv, geo.window, config["window_block_m"], config["window_block_n"])
 
     n_rows = batch * hq * lq
     delta = torch.empty(batch, hq, lq, n_spans, device=q.device, dtype=torch.float32)
-    # dO* is a dot operand in dO's dtype (fp32 under the interpreter, see ``operand``)
+    # the rows in the window kernels' sorted order; dO* is a dot operand in dO's dtype (fp32 under the
+    # interpreter, see ``operand``)
+    q_sorted = torch.empty(batch, hq, lq, dim, device=q.device, dtype=q.dtype)
     dos = torch.empty(batch, hq, lq, dim, device=q.device, dtype=torch.float32 if upcast else grad_out.dtype)
     c = torch.empty(batch, hq, lq, device=q.device, dtype=torch.float32)
     delta_s = torch.empty_like(c)
     block_r = 16
     combine_rows_kernel[(triton.cdiv(n_rows, block_r),)](
-        out, grad_out, lse2, delta, dos, c, delta_s, n_rows,
+        out, grad_out, lse2, q, tables.rank, delta, q_sorted, dos, c, delta_s, *q.stride()[:3], n_rows, hq, lq,
         K_SPANS=n_spans, D_HEAD=dim, BLOCK_D=block_d, BLOCK_R=block_r, num_warps=4,
     )
 
     dq32 = torch.zeros(batch, hq, lq, dim, device=q.device, dtype=torch.float32)
-    tiles = span_tile_plan(geo, config["span_sort_block"])
+    plan = span_tile_plan(geo, config["span_sort_block"])
     block_m = config["span_block_m"]
-    span_tile_backward_kernel[(triton.cdiv(tiles.triples, block_m), tiles.groups)](
-        q, k, v, tiles.order, tiles.lo, tiles.hi, geo.mask, grad_out, lse2, delta, dq32, dk32, dv32,
-        q.stride(0), q.stride(1), q.stride(2), k.stride(0), k.stride(1), k.stride(2), geo.mask_stride,
-        hkv, lq, lkv, tiles.triples, geo.rep, LOG2E / math.sqrt(dim), 1.0 / math.sqrt(dim),
+    span_tile_backward_kernel[(triton.cdiv(plan.triples, block_m), plan.groups)](
+        q_sorted, tables.rank, k, v, plan.order, plan.lo, plan.hi, geo.mask, grad_out, lse2, delta, dq32, dk32, dv32,
+        k.stride(0), k.stride(1), k.stride(2), geo.mask_stride,
+        hkv, lq, lkv, plan.triples, geo.rep, LOG2E / math.sqrt(dim), 1.0 / math.sqrt(dim),
         K_SPANS=n_spans, D_HEAD=dim, BLOCK_D=block_d, BLOCK_M=block_m, BLOCK_N=config["span_block_n"],
         HAS_MASK=geo.has_mask, UPCAST=upcast, num_warps=config["span_warps"], num_stages=config["span_stages"],
     )
@@ -206,5 +223,5 @@ def span_backward_tc(
     dq = torch.empty(batch, hq, lq, dim, device=q.device, dtype=q.dtype)
     dk = torch.empty(batch, hkv, lkv, dim, device=q.device, dtype=k.dtype)
     dv = torch.empty(batch, hkv, lkv, dim, device=q.device, dtype=v.dtype)
-    window_backward(geo, config, dos, c, delta_s, dq32, dk32, dv32, dq, dk, dv, upcast)
+    window_backward(geo, config, tables, q_sorted, dos, c, delta_s, dq32, dk32, dv32, dq, dk, dv, upcast)
     return dq, dk, dv

@@ -12,7 +12,10 @@ banded sliding window.
 
 - ``window_dkdv_kernel``: one program per (key block of ``window_block_n``, KV head and part of its
   group's heads, batch) walks the query tiles (``window_block_m`` rows) of its heads that touch its
-  keys and keeps dK/dV in registers. With the group in one part (``window_head_split`` 1) it adds
+  keys and keeps dK/dV in registers. The query rows (q, dO*, c, delta*) lie in sorted order
+  (``combine_rows_kernel`` writes them there), so each tile's q and dO* come whole through TMA
+  descriptors where ``row_descriptors`` allows them: 1.33x at model M's 16K and 64K training
+  steps on the H200 (docs/device-runs/h200-window-rows-tma.txt). With the group in one part (``window_head_split`` 1) it adds
   the span part already in the fp32 buffers and writes dK/dV in the output dtype (no atomics);
   split into parts (more programs: 64 key blocks of model M's 4K training fill half the H200's
   SMs), each part adds its sum to the fp32 buffers with one atomic add per element.
@@ -29,8 +32,9 @@ on the H200 (W 2032) that is about 88% of the tiles, and both kernels ran 12-14%
 (docs/device-runs/h200-window-full-tiles.txt). Elsewhere keys outside a row's window, past the
 last position or masked out are loaded as 0 and every per-(row, key) term is selected with
 ``tl.where``, so uninitialised cache entries never reach a gradient. Q and K come with NaN and
-infinities already read as 0 (``finite_operands``: one pass before the kernels instead of a
-select on every tile of Q in the dK/dV kernel's loop, 12% of its time on the H200).
+infinities already read as 0 (one pass before the kernels, ``span_tc_backward.finite_keys`` and
+``combine_rows_kernel``, instead of a select on every tile of Q in the dK/dV kernel's loop, 12% of
+its time on the H200).
 """
 
 from __future__ import annotations
@@ -43,7 +47,7 @@ import triton
 import triton.language as tl
 
 from .common import LOG2E, finite_or_zero, in_rows, inner_blocks, load_key_block, tc_dot
-from .window_attention import key_value_descriptors
+from .window_attention import key_value_descriptors, row_descriptors
 
 SCAN_TILES = tl.constexpr(64)  # query tiles whose positions _full_tiles reads at once
 
@@ -60,22 +64,22 @@ def operand(x, like, UPCAST: tl.constexpr):
 
 
 @triton.jit
-def _query_rows(Q_ptr, dOs_ptr, c_ptr, ds_ptr, perm_ptr, spos_ptr, sorted_idx, L_Q, q_base, stride_ql,
-                row_base, offs_d, d_mask, WINDOW, D_HEAD: tl.constexpr):
-    """Sorted query rows sorted_idx: q (finite, see ``finite_operands``), dO*, c, delta*, window
-    [lo, hi] (hi < lo: none) and row ids (-1 for padding rows)."""
+def _sorted_operands(Qs_ptr, dOs_ptr, sorted_idx, L_Q, row_base, offs_d, d_mask, D_HEAD: tl.constexpr):
+    """q (finite) and dO* of sorted query rows ``sorted_idx`` of the (batch, head) whose rows start at
+    ``row_base`` in the sorted-order buffers (pointer loads; padding rows read as 0)."""
+    rd_mask = (sorted_idx < L_Q)[:, None] & d_mask[None, :]
+    offsets = (row_base + sorted_idx)[:, None] * D_HEAD + offs_d[None, :]
+    return tl.load(Qs_ptr + offsets, mask=rd_mask, other=0.0), tl.load(dOs_ptr + offsets, mask=rd_mask, other=0.0)
+
+
+@triton.jit
+def _sorted_stats(c_ptr, ds_ptr, spos_ptr, sorted_idx, L_Q, row_base, WINDOW):
+    """c, delta* and the window [lo, hi] of the same rows (padding rows: c +inf, hi -1; hi < lo: no key)."""
     row_ok = sorted_idx < L_Q
-    query = tl.load(perm_ptr + sorted_idx, mask=row_ok, other=0).to(tl.int64)
     pos = tl.load(spos_ptr + sorted_idx, mask=row_ok, other=-1)
-    lo = tl.maximum(pos - WINDOW + 1, 0)
-    hi = pos  # -1 for padding rows; lo > hi when WINDOW is 0
-    rd_mask = row_ok[:, None] & d_mask[None, :]
-    q = tl.load(Q_ptr + q_base + query[:, None] * stride_ql + offs_d[None, :], mask=rd_mask, other=0.0)
-    rows = tl.where(row_ok, row_base + query, -1)
-    dos = tl.load(dOs_ptr + rows[:, None] * D_HEAD + offs_d[None, :], mask=rd_mask, other=0.0)
-    c = tl.load(c_ptr + rows, mask=row_ok, other=float("inf"))
-    delta = tl.load(ds_ptr + rows, mask=row_ok, other=0.0)
-    return q, dos, c, delta, lo, hi, rows
+    c = tl.load(c_ptr + row_base + sorted_idx, mask=row_ok, other=float("inf"))
+    delta = tl.load(ds_ptr + row_base + sorted_idx, mask=row_ok, other=0.0)
+    return c, delta, tl.maximum(pos - WINDOW + 1, 0), pos  # lo > hi when WINDOW is 0
 
 
 @triton.jit
@@ -98,19 +102,24 @@ def _full_tiles(spos_ptr, t_first, t_last, key_lo, key_hi, L_Q, WINDOW, BLOCK_M:
 
 @triton.jit
 def _dkdv_tiles(
-    dk, dv, k, v, key_ok, offs_n, t_begin, t_end, Q_ptr, dOs_ptr, c_ptr, ds_ptr, perm_ptr, spos_ptr, L_Q, q_base,
-    stride_ql, row_base, offs_d, d_mask, WINDOW, qk_scale,
+    dk, dv, k, v, key_ok, offs_n, t_begin, t_end, Qs_ptr, dOs_ptr, q_desc, do_desc, c_ptr, ds_ptr, spos_ptr, L_Q,
+    row_base, offs_d, d_mask, WINDOW, qk_scale,
     BLOCK_M: tl.constexpr, D_HEAD: tl.constexpr, ROW_MASK: tl.constexpr, HAS_MASK: tl.constexpr,
-    UPCAST: tl.constexpr,
+    ROWS_TMA: tl.constexpr, UPCAST: tl.constexpr,
 ):
     """``dk``/``dv`` plus query tiles t_begin..t_end-1 of one head against the key block ``offs_n``;
     without ``ROW_MASK`` every row of those tiles attends every key of the block (``_full_tiles``)
-    and only the attention mask, if any, selects keys."""
+    and only the attention mask, if any, selects keys. With ``ROWS_TMA`` each tile's q and dO* come
+    whole through the descriptors (rows past the head's last one belong to the next head or read as
+    0: their c is +inf, so p and dS are 0 there)."""
     for t in range(t_begin, t_end):
-        q, dos, c, delta, lo, hi, _ = _query_rows(
-            Q_ptr, dOs_ptr, c_ptr, ds_ptr, perm_ptr, spos_ptr, t * BLOCK_M + tl.arange(0, BLOCK_M), L_Q,
-            q_base, stride_ql, row_base, offs_d, d_mask, WINDOW, D_HEAD,
-        )
+        sorted_idx = t * BLOCK_M + tl.arange(0, BLOCK_M)
+        if ROWS_TMA:
+            q = q_desc.load([(row_base + t * BLOCK_M).to(tl.int32), 0])
+            dos = do_desc.load([(row_base + t * BLOCK_M).to(tl.int32), 0])
+        else:
+            q, dos = _sorted_operands(Qs_ptr, dOs_ptr, sorted_idx, L_Q, row_base, offs_d, d_mask, D_HEAD)
+        c, delta, lo, hi = _sorted_stats(c_ptr, ds_ptr, spos_ptr, sorted_idx, L_Q, row_base, WINDOW)
         if ROW_MASK:
             attend = (offs_n[:, None] >= lo[None, :]) & (offs_n[:, None] <= hi[None, :]) & key_ok[:, None]
         else:
@@ -130,14 +139,15 @@ def _dkdv_tiles(
 
 @triton.jit
 def window_dkdv_kernel(
-    Q_ptr, K_ptr, V_ptr, mask_ptr, dOs_ptr, c_ptr, ds_ptr, perm_ptr, spos_ptr,
+    Qs_ptr, K_ptr, V_ptr, mask_ptr, dOs_ptr, q_desc, do_desc, c_ptr, ds_ptr, spos_ptr,
     first_ptr, last_ptr, dK_ptr, dV_ptr, dKout_ptr, dVout_ptr,
-    stride_qb, stride_qh, stride_ql, stride_kb, stride_kh, stride_kl, stride_mb,
+    stride_kb, stride_kh, stride_kl, stride_mb,
     H_KV, L_Q, L_KV, REP, PARTS, PART_HEADS, WINDOW, qk_scale, sm_scale,
     D_HEAD: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-    HAS_MASK: tl.constexpr, UPCAST: tl.constexpr, ATOMIC_ADD: tl.constexpr,
+    HAS_MASK: tl.constexpr, ROWS_TMA: tl.constexpr, UPCAST: tl.constexpr, ATOMIC_ADD: tl.constexpr,
 ):
     # PARTS programs per KV head, each over PART_HEADS of its REP heads; ATOMIC_ADD when PARTS > 1.
+    # Query rows in sorted order (Qs, dO*, c, delta*); with ROWS_TMA q and dO* through q_desc/do_desc.
     kblock = tl.program_id(0)
     kv_head = (tl.program_id(1) // PARTS).to(tl.int64)
     part = tl.program_id(1) % PARTS
@@ -157,14 +167,12 @@ def window_dkdv_kernel(
     full_lo, full_hi = _full_tiles(spos_ptr, t_first, t_last, key_lo, key_lo + BLOCK_N - 1, L_Q, WINDOW, BLOCK_M)
     tail = tl.maximum(full_lo, full_hi + 1)
     for h in range(part * PART_HEADS, tl.minimum(part * PART_HEADS + PART_HEADS, REP)):
-        head = kv_head * REP + h
-        q_base = batch * stride_qb + head * stride_qh
-        row_base = (batch * H_KV * REP + head) * L_Q
+        row_base = (batch * H_KV * REP + kv_head * REP + h) * L_Q
         for segment in tl.static_range(3):  # edge tiles, full tiles, edge tiles
             dk, dv = _dkdv_tiles(
                 dk, dv, k, v, key_ok, offs_n, (t_first, full_lo, tail)[segment], (full_lo, full_hi + 1, t_last + 1)[segment],
-                Q_ptr, dOs_ptr, c_ptr, ds_ptr, perm_ptr, spos_ptr, L_Q, q_base, stride_ql, row_base, offs_d, d_mask,
-                WINDOW, qk_scale, BLOCK_M, D_HEAD, segment != 1, HAS_MASK, UPCAST,
+                Qs_ptr, dOs_ptr, q_desc, do_desc, c_ptr, ds_ptr, spos_ptr, L_Q, row_base, offs_d, d_mask,
+                WINDOW, qk_scale, BLOCK_M, D_HEAD, segment != 1, HAS_MASK, ROWS_TMA, UPCAST,
             )
     out = (batch * H_KV + kv_head) * L_KV * D_HEAD + offs_n[:, None].to(tl.int64) * D_HEAD + offs_d[None, :]
     nd_mask = (offs_n < L_KV)[:, None] & d_mask[None, :]
@@ -215,25 +223,28 @@ def _dq_blocks(
 
 @triton.jit
 def window_dq_kernel(
-    Q_ptr, K_ptr, V_ptr, k_desc, v_desc, mask_ptr, dOs_ptr, c_ptr, ds_ptr, perm_ptr, spos_ptr,
+    Qs_ptr, K_ptr, V_ptr, k_desc, v_desc, mask_ptr, dOs_ptr, c_ptr, ds_ptr, perm_ptr, spos_ptr,
     tile_lo_ptr, tile_hi_ptr, dQ_ptr, dQout_ptr,
-    stride_qb, stride_qh, stride_ql, stride_kb, stride_kh, stride_kl, stride_mb,
+    stride_kb, stride_kh, stride_kl, stride_mb,
     H_Q, L_Q, L_KV, REP, WINDOW, qk_scale, sm_scale,
     D_HEAD: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
     HAS_MASK: tl.constexpr, KV_TMA: tl.constexpr, UPCAST: tl.constexpr,
 ):
     # BLOCK_M sorted queries against key blocks of BLOCK_N; with KV_TMA the whole blocks of the
     # tile's key range come through the K/V descriptors (row desc_row is this group's key 0).
-    # Blocks inside every row's window skip the per-row masks.
+    # Blocks inside every row's window skip the per-row masks. Query rows are read in sorted order
+    # (Qs, dO*, c, delta*) and dQ is stored at their own rows (perm).
     tile = tl.program_id(0)
     head = tl.program_id(1).to(tl.int64)
     batch = tl.program_id(2).to(tl.int64)
     offs_d = tl.arange(0, BLOCK_D)
     d_mask = offs_d < D_HEAD
-    q, dos, c, delta, lo, hi, rows = _query_rows(
-        Q_ptr, dOs_ptr, c_ptr, ds_ptr, perm_ptr, spos_ptr, tile * BLOCK_M + tl.arange(0, BLOCK_M), L_Q,
-        batch * stride_qb + head * stride_qh, stride_ql, (batch * H_Q + head) * L_Q, offs_d, d_mask, WINDOW, D_HEAD,
-    )
+    sorted_idx = tile * BLOCK_M + tl.arange(0, BLOCK_M)
+    row_base = (batch * H_Q + head) * L_Q
+    q, dos = _sorted_operands(Qs_ptr, dOs_ptr, sorted_idx, L_Q, row_base, offs_d, d_mask, D_HEAD)
+    c, delta, lo, hi = _sorted_stats(c_ptr, ds_ptr, spos_ptr, sorted_idx, L_Q, row_base, WINDOW)
+    row_ok = sorted_idx < L_Q
+    rows = tl.where(row_ok, row_base + tl.load(perm_ptr + sorted_idx, mask=row_ok, other=0), -1)
     kv_base = batch * stride_kb + (head // REP) * stride_kh
     desc_row = ((batch * (H_Q // REP) + head // REP) * L_KV).to(tl.int32)
     tile_lo = tl.load(tile_lo_ptr + tile)
@@ -288,17 +299,19 @@ def _tiles_before(spos_ptr, key, n_tiles, L_Q, WINDOW, ROWS: tl.constexpr, BY_HI
 
 @triton.jit
 def window_tables_kernel(
-    spos_ptr, perm_ptr, perm32_ptr, first_ptr, last_ptr, dq_lo_ptr, dq_hi_ptr,
+    spos_ptr, perm_ptr, perm32_ptr, rank_ptr, first_ptr, last_ptr, dq_lo_ptr, dq_hi_ptr,
     L_Q, WINDOW, N_KEY_BLOCKS, N_DKDV_TILES, N_DQ_TILES,
     DKDV_ROWS: tl.constexpr, DQ_ROWS: tl.constexpr, STEPS: tl.constexpr, BLOCK: tl.constexpr,
 ):
     """Everything the two window kernels read besides the sorted positions ``spos``, in one launch:
-    the sorted queries' indices as int32; per key block of ``DQ_ROWS`` keys (the dK/dV kernel's
+    the sorted queries' indices as int32 and each query's sorted place (``rank``); per key block of ``DQ_ROWS`` keys (the dK/dV kernel's
     blocks: its key block is the dQ kernel's query tile) the run [first, last] of the ``DKDV_ROWS``-
     row query tiles that touch it; per ``DQ_ROWS``-row query tile its key range [lo, hi] (int32)."""
     offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
     in_q = offs < L_Q
-    tl.store(perm32_ptr + offs, tl.load(perm_ptr + offs, mask=in_q, other=0).to(tl.int32), mask=in_q)
+    query = tl.load(perm_ptr + offs, mask=in_q, other=0)
+    tl.store(perm32_ptr + offs, query.to(tl.int32), mask=in_q)
+    tl.store(rank_ptr + query, offs, mask=in_q)
     in_kb = offs < N_KEY_BLOCKS
     key_lo = offs.to(tl.int64) * DQ_ROWS
     first = _tiles_before(spos_ptr, key_lo, N_DKDV_TILES, L_Q, WINDOW, DKDV_ROWS, True, STEPS)
@@ -317,6 +330,7 @@ class WindowTables:
 
     pos: torch.Tensor  # [Lq] positions clamped to Lkv - 1, sorted
     perm: torch.Tensor  # [Lq] int32: the query at each sorted place
+    rank: torch.Tensor  # [Lq] int32: each query's sorted place (perm's inverse)
     first: torch.Tensor  # [key blocks] int32: the first dK/dV query tile touching each key block
     last: torch.Tensor  # [key blocks] int32: the last one (last < first: none)
     dq_lo: torch.Tensor  # [dQ query tiles] int32: each dQ tile's key range [lo, hi]
@@ -330,44 +344,47 @@ def window_tables(cache_position: torch.Tensor, key_length: int, window: int, dk
     pos, perm = torch.sort(cache_position.clamp(max=key_length - 1), stable=True)
     lq, device = pos.numel(), pos.device
     n_key_blocks, n_dkdv_tiles, n_dq_tiles = triton.cdiv(key_length, dq_rows), triton.cdiv(lq, dkdv_rows), triton.cdiv(lq, dq_rows)
-    perm32 = torch.empty(lq, device=device, dtype=torch.int32)
+    perm32, rank = (torch.empty(lq, device=device, dtype=torch.int32) for _ in range(2))
     first, last = (torch.empty(n_key_blocks, device=device, dtype=torch.int32) for _ in range(2))
     dq_lo, dq_hi = (torch.empty(n_dq_tiles, device=device, dtype=torch.int32) for _ in range(2))
     window_tables_kernel[(triton.cdiv(max(lq, n_key_blocks), TABLE_BLOCK),)](
-        pos, perm, perm32, first, last, dq_lo, dq_hi, lq, window, n_key_blocks, n_dkdv_tiles, n_dq_tiles,
+        pos, perm, perm32, rank, first, last, dq_lo, dq_hi, lq, window, n_key_blocks, n_dkdv_tiles, n_dq_tiles,
         DKDV_ROWS=dkdv_rows, DQ_ROWS=dq_rows, STEPS=max(1, n_dkdv_tiles.bit_length()), BLOCK=TABLE_BLOCK, num_warps=4,
     )
-    return WindowTables(pos, perm32, first, last, dq_lo, dq_hi)
+    return WindowTables(pos, perm32, rank, first, last, dq_lo, dq_hi)
 
 
-def window_backward(geo, config, dos, c, delta_s, dq32, dk32, dv32, dq, dk, dv, upcast: bool) -> None:
+def window_backward(geo, config, tables: WindowTables, q_sorted, dos, c, delta_s, dq32, dk32, dv32, dq, dk, dv,
+                    upcast: bool) -> None:
     """Add the window part to the span part in dq32/dk32/dv32 (fp32) and write dq/dk/dv (final dtypes).
 
-    ``geo`` holds Q and K with non-finite entries read as 0 (``finite_operands``); ``dos`` [B, Hq, Lq, D],
-    ``c`` and ``delta_s`` [B, Hq, Lq]: the combined rows of each query.
+    ``tables`` from ``window_tables`` at (``window_block_m``, ``window_block_n``); the query rows in
+    its sorted order, contiguous: ``q_sorted`` [B, Hq, Lq, D] (Q with non-finite entries read as 0),
+    ``dos`` [B, Hq, Lq, D], ``c`` and ``delta_s`` [B, Hq, Lq] (the combined rows of each query).
+    ``geo`` holds K with non-finite entries read as 0 (``finite_keys``).
     """
-    q, k = geo.q, geo.k
-    batch, hq, lq, dim = q.shape
+    k = geo.k
+    batch, hq, lq, dim = q_sorted.shape
     hkv, lkv = k.shape[1], k.shape[2]
     block_m, block_n = config["window_block_m"], config["window_block_n"]
-    tables = window_tables(geo.cache_position, lkv, geo.window, block_m, block_n)
-    strides = (q.stride(0), q.stride(1), q.stride(2), k.stride(0), k.stride(1), k.stride(2), geo.mask_stride)
+    strides = (k.stride(0), k.stride(1), k.stride(2), geo.mask_stride)
     scales = (LOG2E / math.sqrt(dim), 1.0 / math.sqrt(dim))
     common = {"D_HEAD": dim, "BLOCK_D": max(16, triton.next_power_of_2(dim)), "HAS_MASK": geo.has_mask,
               "UPCAST": upcast, "num_warps": config["window_warps"], "num_stages": config["window_stages"]}
     part_heads = triton.cdiv(geo.rep, config["window_head_split"])
     parts = triton.cdiv(geo.rep, part_heads)
+    row_tiles = row_descriptors(q_sorted, dos, block_m)  # each dK/dV query tile whole, where TMA allows it
     window_dkdv_kernel[(triton.cdiv(lkv, block_n), hkv * parts, batch)](
-        q, k, geo.v, geo.mask, dos, c, delta_s, tables.perm, tables.pos, tables.first, tables.last, dk32, dv32, dk, dv,
-        *strides, hkv, lq, lkv, geo.rep, parts, part_heads, geo.window, *scales,
-        BLOCK_M=block_m, BLOCK_N=block_n, ATOMIC_ADD=parts > 1, **common,
+        q_sorted, k, geo.v, geo.mask, dos, *(row_tiles or (q_sorted, dos)), c, delta_s, tables.pos, tables.first,
+        tables.last, dk32, dv32, dk, dv, *strides, hkv, lq, lkv, geo.rep, parts, part_heads, geo.window, *scales,
+        BLOCK_M=block_m, BLOCK_N=block_n, ROWS_TMA=row_tiles is not None, ATOMIC_ADD=parts > 1, **common,
     )
     if parts > 1:
         dk.copy_(dk32)
         dv.copy_(dv32)
     descriptors = key_value_descriptors(geo, block_m)
     window_dq_kernel[(triton.cdiv(lq, block_n), hq, batch)](
-        q, k, geo.v, *(descriptors or (k, geo.v)), geo.mask, dos, c, delta_s, tables.perm, tables.pos, tables.dq_lo,
-        tables.dq_hi, dq32, dq, *strides, hq, lq, lkv, geo.rep, geo.window, *scales,
+        q_sorted, k, geo.v, *(descriptors or (k, geo.v)), geo.mask, dos, c, delta_s, tables.perm, tables.pos,
+        tables.dq_lo, tables.dq_hi, dq32, dq, *strides, hq, lq, lkv, geo.rep, geo.window, *scales,
         BLOCK_M=block_n, BLOCK_N=block_m, KV_TMA=descriptors is not None, **common,
     )
