@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 
 import torch
 import torch.nn.functional as F
@@ -319,13 +320,16 @@ def warm_gpu(seconds: float = 2.0) -> None:
             return
 
 
-def targets():
+def targets(only: str = ""):
+    """The target table's cases whose names match the regular expression ``only`` (all when empty)."""
     warm_gpu()
     original = original_module()
     cases = [(f"prefill {lq} over {lkv}", lq, lkv, False) for lq, lkv in PREFILL]
     cases += [(f"training {n}", n, n, True) for n in TRAINING]
     res = {}
     for name, lq, lkv, training in cases:
+        if not re.search(only, name):
+            continue
         res[name] = target_case(name, lq, lkv, training, original)
         torch.cuda.empty_cache()
     return res
@@ -335,10 +339,13 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--out", default="layer-compare.json", help="JSON results file")
     parser.add_argument("--parts", default="checks,sweep,targets", help="comma-separated: checks, sweep, targets")
+    parser.add_argument("--cases", default="", help="targets: only the cases matching this regular expression, "
+                        "e.g. '^prefill' (training has its own script, training_layer_compare.py)")
     args = parser.parse_args()
     results = {"device": torch.cuda.get_device_name(), "torch": torch.__version__, "triton": triton.__version__}
+    parts = {"checks": checks, "sweep": sweep, "targets": lambda: targets(args.cases)}
     for part in args.parts.split(","):
-        results[part] = {"checks": checks, "sweep": sweep, "targets": targets}[part]()
+        results[part] = parts[part]()
         with open(args.out, "w") as f:
             json.dump(results, f, indent=1)
 
