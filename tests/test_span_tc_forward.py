@@ -92,6 +92,31 @@ def test_matches_reference(case: TileCase, gen: torch.Generator):
     check_against_reference(case, out, lse, ref_out, ref_lse)
 
 
+HEAD_DIM_CASES = [  # every group size with a head dim of model-sized tiles (96: padded to 128), both power paths
+    TileCase(torch.float32, 2, 2, 2, 12, 70, 64, 3, 4, 0.55, True, 30, True),
+    TileCase(torch.bfloat16, 1, 4, 2, 12, 70, 96, 3, 4, None, True, 30, False),
+    TileCase(torch.float16, 2, 4, 1, 10, 64, 128, 2, 4, 0.55, False, 30, True),
+    TileCase(torch.float32, 1, 16, 1, 6, 64, 256, 2, 4, None, True, 20, True),
+]
+
+
+@pytest.mark.parametrize("case", HEAD_DIM_CASES, ids=lambda c: f"{c.dtype}-rep{c.hq // c.hkv}-D{c.dim}")
+def test_head_dims_and_group_sizes_in_the_middle_of_a_static_cache(case: TileCase, gen: torch.Generator):
+    """rep 1 / 2 / 4 / 16 with D 64 / 96 / 128 / 256, B 2, masks with holes: the chunk ends 9 keys before the end
+    of a static cache whose unwritten tail holds NaN, which no output may show."""
+    q, k, v, _, _, cache_position, mask = make_inputs(case, gen)
+    cache_position = (cache_position - 9).clamp(min=0)
+    tail = int(cache_position.max()) + 1
+    k[:, :, tail:], v[:, :, tail:] = float("nan"), float("nan")
+    qstart, qend = random_spans(gen, case.batch, case.hq, cache_position, case.spans, case.lkv, case.window,
+                                case.max_span)
+    inputs = (q, k, v, qstart, qend, cache_position, mask)
+    out, lse = run_tc(case, LaunchGeometry.prepare(*inputs, case.window))
+    ref_out, ref_lse = span_forward_reference(*(t.double() for t in inputs[:3]), *inputs[3:], case.window,
+                                              return_lse=True)
+    check_against_reference(case, out, lse, ref_out, ref_lse)  # NaN never passes
+
+
 def test_nan_rules(gen: torch.Generator):
     """NaN in unattended keys (static-cache tail, masked keys) stays out; NaN in Q or an attended key shows."""
     case = TileCase(torch.bfloat16, 2, 4, 2, 16, 96, 32, 2, 4, None, True, 20, True)
