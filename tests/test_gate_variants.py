@@ -3,7 +3,7 @@
 Every variant, at its default and at each corner of its declared space, against a float64 oracle
 written here from SPEC section 7 step 4 alone (loops over rows, as ``oracle.layer_head`` computes
 the gate), its outputs NaN-prefilled; empty slots (anchor -1) whose stand-in key row and Q1 row
-hold NaN; B 2, rep 1, 2 and 16, D 64 and 128, fewer rows than the largest row block. Then the
+hold NaN; B 2, rep 1, 2, 4 and 16, D 64, 96 (padded), 128 and 256, fewer rows than the largest row block. Then the
 dispatch: the layer's gate steps choose through the registry, a tuned configuration and an explicit
 choice reach the kernels, the layer's reference run is PyTorch in float64; the tuner's
 ``ProblemBench`` checks, times and rejects candidates of every gate op; the CLI lists them.
@@ -63,6 +63,8 @@ CASES = [
     GateCase("rep16-d64-bf16", hq=16, hkv=1, dim=64, dtype=torch.bfloat16, lq=3),
     GateCase("rep2-d128-fp16", hq=4, hkv=2, dim=128, dtype=torch.float16),
     GateCase("rep1-d64-topk1", hq=2, hkv=2, dim=64, topk=1),
+    GateCase("rep4-d96", hq=8, hkv=2, dim=96, lq=3),  # D padded to 128 in the kernels
+    GateCase("rep4-d256-bf16", hq=4, hkv=1, dim=256, dtype=torch.bfloat16, lq=3),
     GateCase("rep2-d64-fp64", hq=4, hkv=2, dim=64, dtype=torch.float64),  # the reference only
 ]
 
