@@ -4,7 +4,8 @@ oracle's anchor sets (the exact inputs, properties and checks of ``test_layer``)
 - every rep in {1, 2, 4, 16} with every D in {64, 96, 128, 256}, both power paths, B 2 with left
   padding or a static cache with a hole, ties at the top-k boundary;
 - a chunk whose queries have more stripes than one tile holds, so that the top-k merges across
-  tiles (ties across tiles included) and across the stripe-tile kernel's ``while`` rounds.
+  tiles (ties across tiles included) and across the stripe-tile kernel's ``while`` rounds;
+- a chunk in the middle of a static cache whose unwritten tail holds NaN or +inf.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ import pytest
 import torch
 from helpers import TRITON_SEARCHES, SearchSpies
 from test_layer import (
+    CASES,
     FLOAT55,
     INT2,
     LayerCase,
@@ -79,3 +81,22 @@ def test_top_k_merges_across_stripe_tiles(name: str, topk: int, gen: torch.Gener
         assert variant.contains(config) and variant.compile_check(problem_of(case, x), config) is None, config.text()
         run_search(name, case, x, traces, config)
     assert search_spy[name].launches == len(LONG_TILES[name])
+
+
+STATIC_CASES = [case for case in CASES if "static" in case.expect]  # a chunk in the middle of a static cache
+
+
+@pytest.mark.parametrize("poison", ["nan", "inf"])
+@pytest.mark.parametrize("case", STATIC_CASES, ids=lambda c: c.name)
+@pytest.mark.parametrize("name", sorted(TRITON_SEARCHES))
+def test_an_unwritten_cache_tail_never_reaches_the_anchors(name: str, case: LayerCase, poison: str,
+                                                           gen: torch.Generator, search_spy: SearchSpies) -> None:
+    """Keys past the chunk's last position were never written (NaN or +inf there, with and without a mask):
+    each Triton search gives the oracle's anchor sets and scores of the clean inputs."""
+    x = make_inputs(case, gen)
+    _, traces = oracle.attention_layer(x.q1, x.q2, x.k, x.v, x.cache_position, x.mask, case.params)
+    check_properties(case, x, traces)
+    tail = int(x.cache_position.max()) + 1
+    x.k[:, :, tail:] = float(poison)
+    run_search(name, case, x, traces)
+    assert search_spy[name].launches == 1
