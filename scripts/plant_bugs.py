@@ -138,6 +138,7 @@ PLANTS = {
     "layer search ignores the mask": (LSK, "valid = valid & (tl.load(mask_ptr + mask_base + loc, mask=valid, other=0) != 0)", "valid = valid", LAYER),
     "layer search keeps the first slot only": (LSK, "take = is_worst & (best_key == worst_key[:, None])", "take = is_worst & (slot == 0)", LAYER),
     "stripe-tile search ties across tiles: the nearer stripe wins": (STS, "go = present & (top >= worst)\n", "go = present & (top > worst)\n", f"{SHAPES} -k merges"),
+    "stripe-tile search ties within a tile: the nearer stripe wins": (STS, "beats = go & ((top > worst) | (top_j > worst_j))", "beats = go & (top > worst)", f"{SHAPES} -k merges"),
     "stripe-tile search takes one candidate per tile": (STS, "go = beats & present & (top >= worst)", "go = beats & present & (top != top)", f"{LAYER} {SHAPES}"),
     "stripe-tile search scores a neighbour query's keys": (STS, "own_query = (rows // BLOCK_H)[:, None] == (cols // BLOCK_S)[None, :]", "own_query = (rows // BLOCK_H)[:, None] >= 0", LAYER),
     "stripe-tile search ignores the mask": (STS, "valid = valid & (tl.load(mask_ptr + mask_base + loc, mask=valid, other=0) != 0)", "valid = valid", LAYER),
