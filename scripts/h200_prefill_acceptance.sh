@@ -8,6 +8,7 @@
 #    every covering configuration of their declared spaces
 # 3. the first prefill call in a fresh process with a warm Triton cache (`superlinear-ops warmup` first), 32K and 1M keys
 # 4. verify --require-all of the shipped file's prefill and layer-prefill entries
+# Every step runs; the script exits 1 when any of them failed (and names it).
 set -uo pipefail
 out="$1"; mkdir -p "$out"
 if [ -d .whl ]; then
@@ -22,14 +23,24 @@ slops() { python3 -m superlinear_ops.cli "$@"; }
 quiet() { grep -v "^\[W\|UserWarning\|warnings.warn\|_warn_once\|Warning\|return lambda\|if not covers" || true; }
 workload=tuning/superlinear-exp-v0.1.yaml
 step() { echo "## $(date +%T) $1"; }
+failed=""
+check() { [ "$1" -eq 0 ] || failed="$failed $2"; }  # check STATUS NAME
 step "1. table and checks"
 python3 scripts/layer_compare.py --parts checks,targets --cases '^prefill' --out "$out/h200-layer-compare.json" 2>&1 | quiet
+check "${PIPESTATUS[0]}" table
 step "2. memcheck"
 slops sanitize "$workload" --problems '^(layer )?prefill 8192 over 8192' --jobs "$(nproc)" --no-progress 2>&1 | quiet | tail -3
+check "${PIPESTATUS[0]}" memcheck
 step "3. first call"
 rm -rf "$TRITON_CACHE_DIR"
 slops warmup "$workload" --problems '^layer prefill (8192 over 65536|8192 over 1048576)$' 2>&1 | quiet | tail -1
-for keys in 32768 1048576; do python3 scripts/first_call.py --device cuda --queries 8192 --keys "$keys" 2>&1 | quiet; done
+check "${PIPESTATUS[0]}" warmup
+for keys in 32768 1048576; do
+    python3 scripts/first_call.py --device cuda --queries 8192 --keys "$keys" 2>&1 | quiet
+    check "${PIPESTATUS[0]}" "first-call-$keys"
+done
 step "4. verify"
 slops verify "$workload" --problems '^(layer )?prefill ' --require-all 2>&1 | quiet | tail -20
+check "${PIPESTATUS[0]}" verify
+if [ -n "$failed" ]; then step "FAILED:$failed"; exit 1; fi
 step done

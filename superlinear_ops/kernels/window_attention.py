@@ -211,10 +211,12 @@ def key_value_descriptors(geo: LaunchGeometry, block_n: int) -> tuple[object, ob
 
 
 def row_descriptors(k: torch.Tensor, v: torch.Tensor, block_n: int) -> tuple[object, object] | None:
-    """TMA descriptors of K and V [B, Hkv, Lkv, D] as one [B * Hkv * Lkv, D] run of rows in
-    [block_n, padded D] blocks (the interpreter runs them too), or None where the inputs do not
-    allow them: a GPU older than sm_90, rows that are not one evenly spaced run (a batch or head
-    expanded by stride 0), or a base address or row stride that is not a multiple of 16 bytes."""
+    """TMA descriptors of K and V [B, Hkv, Lkv, D] (or any pair of tensors of one shape and strides,
+    e.g. the backward's sorted Q and dO* rows) as one [B * Hkv * Lkv, D] run of rows in [block_n,
+    padded D] blocks (the interpreter runs them too), or None where the inputs do not allow them: a
+    GPU older than sm_90, rows that are not one evenly spaced run (a batch or head expanded by
+    stride 0), or a base address or row stride (in ``k``'s element size) that is not a multiple of
+    16 bytes."""
     batch, hkv, lkv, dim = k.shape
     row = k.stride(2)
     evenly_spaced = (hkv == 1 or k.stride(1) == lkv * row) and (batch == 1 or k.stride(0) == hkv * lkv * row)
