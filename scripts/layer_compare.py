@@ -52,7 +52,7 @@ ARGS = dict(sw_index=SW_INDEX, topk=TOPK, backward_factor=BF, forward_factor=FF,
 BANDWIDTH, BF16_FLOPS, FP32_FMA_FLOPS = 4.3e12, 790e12, 67e12
 PREFILL = [(8192, 8192), (8192, 16384), (8192, 32768), (8192, 65536), (8192, 139264), (8192, 1048576), (32768, 1048576)]
 TRAINING = [4096, 16384, 65536]
-PROFILED = {"prefill 8192 over 139264", "prefill 32768 over 1048576", "training 16384"}
+PROFILED = {"prefill 8192 over 16384", "prefill 8192 over 139264", "prefill 32768 over 1048576", "training 16384"}
 SWEEP_SHAPES = [(8192, 139264), (32768, 1048576)]
 SWEEP = {  # per Triton search: its launcher and configurations
     "tiled_search": (tiled_search, [KernelConfig(block_q=bq, block_h=bh, num_warps=w, num_stages=st)
@@ -301,6 +301,8 @@ def target_case(name, lq, lkv, training, original):
     print(name, {k_: row.get(k_) for k_ in ("ours_ms", "search_ms", "sdpa_cudnn_ms", "sdpa_flash_ms", "original_ms")},
           f"bound {row['bound']['ms']:.2f} (search {row['bound']['search_ms']:.2f}, gathered {row['bound']['search_gathered_ms']:.2f})",
           flush=True)
+    for kernel in row.get("kernels", [])[:8]:
+        print(f"    {kernel['ms_per_call']:8.3f} ms per call  {kernel['count'] // 5:3d} launches  {kernel['name']}", flush=True)
     return row
 
 

@@ -50,6 +50,7 @@ class LayerCase:
     ff: float = 0.0
     sp: float = 0.5
     mask: str = "none"  # none | left-pad (B rows padded differently, int mask) | static (bool, tail and a hole masked)
+    #                     | padded-holes (left-pad with holes past each row's padding, int mask)
     ties: bool = False  # key rows drawn from a pool of 3 (equal scores at many stripes)
     scattered: bool = False  # int32 positions in random order, a repeat, one past the last key; Q transposed, K/V strided
     dtype: torch.dtype = torch.float32
@@ -76,11 +77,15 @@ CASES = [
     # any cache_position (int32, unordered, repeated, past Lkv - 1: clamped), model-like layouts, ties, ff > 0
     LayerCase("scattered-positions", ("scattered", "tie"), hq=4, hkv=2, lq=20, lkv=48, sw_index=2, power=FLOAT55, ff=0.5,
               ties=True, scattered=True),
+    # B 2 with different left padding and holes, a chunk mid-cache, topk 5 > the valid stripes of most queries, ties
+    LayerCase("padded-holes-fewer", ("fewer", "holes", "masked-stripe", "mid"), batch=2, hq=4, hkv=2, lq=12,
+              lkv=64, start=30, sw_index=2, topk=5, bf=3.0, ff=1.0, mask="padded-holes", ties=True),
     # bf16, rep 2, float power W 6, ties, topk 3
     LayerCase("bf16-ties", ("tie", "mid"), hq=4, hkv=2, lq=16, lkv=48, start=32, sw_index=2, power=FLOAT55,
               ties=True, dtype=torch.bfloat16),
 ]
-PADS = (3, 11)  # left padding of the two batch rows (left-pad mask)
+PADS = (3, 11)  # left padding of the two batch rows (left-pad and padded-holes masks)
+HOLES = (14, 17, 22, 26)  # keys hidden past the padding (padded-holes mask): under stripes of chunk queries
 
 
 @dataclass(frozen=True)
@@ -112,10 +117,12 @@ def make_inputs(case: LayerCase, gen: torch.Generator) -> LayerInputs:
     v = torch.randn(b, hkv, case.lkv, d, generator=gen)
     grad_out = torch.randn(b, hq, case.lq, d, generator=gen)
     mask = None
-    if case.mask == "left-pad":
+    if case.mask in ("left-pad", "padded-holes"):
         mask = torch.ones(b, case.lkv + 3, dtype=torch.int64)
         for row, pad in enumerate(PADS):
             mask[row, :pad] = 0
+        if case.mask == "padded-holes":
+            mask[:, list(HOLES)] = 0
     elif case.mask == "static":
         mask = torch.ones(b, case.lkv, dtype=torch.bool)
         mask[:, case.start + case.lq:] = False
@@ -166,6 +173,10 @@ def check_properties(case: LayerCase, x: LayerInputs, traces: dict) -> None:
             offsets = oracle.stripe_offsets(case.lkv, case.sw_index, case.power)
             assert any(not allowed[b, tr.t - o] for (b, _, _), tr in traces.items() if not tr.short_prefix
                        for o in offsets if 0 <= tr.t - o), prop
+        elif prop == "holes":  # B rows padded differently, and keys hidden past each row's first allowed key
+            firsts = {b: tr.first_allowed for (b, _, _), tr in traces.items()}
+            assert case.batch == 2 and len(set(firsts.values())) == 2, prop
+            assert all(not bool(x.mask[b, firsts[b]:].all()) for b in firsts), prop
         elif prop == "padding":  # rows start at different keys, and some span start depends on t - s (not t)
             firsts = {tr.first_allowed for tr in traces.values()}
             assert case.batch == 2 and len(firsts) == 2 and max(firsts) > 0, prop
@@ -339,6 +350,22 @@ TILES = {  # per Triton search: tilings over its default config (partial head an
 }
 
 
+def check_tilings(name: str, case: LayerCase, x: LayerInputs, traces: dict, tilings: list[dict]) -> int:
+    """Each tiling over the Triton search ``name``'s default config that compiles for this problem gives
+    the oracle's anchor sets; returns how many ran."""
+    variant = REGISTRY.get("attention_layer", name)
+    problem = problem_of(case, x)
+    default = variant.default(problem)
+    tried = 0
+    for tiles in tilings:
+        config = default.replace(**tiles)
+        assert variant.contains(config), config.text()
+        if variant.compile_check(problem, config) is None:
+            check_anchors(launch_search(variant, case, x, config), traces, case, f"{name} {config.text()}")
+            tried += 1
+    return tried
+
+
 @pytest.mark.parametrize("case", [c for c in CASES if c.ties or c.hq // c.hkv == 4], ids=lambda c: c.name)
 @pytest.mark.parametrize("name", sorted(TILES))
 def test_search_tiles_give_the_oracle_anchor_sets(name: str, case: LayerCase, gen: torch.Generator,
@@ -348,16 +375,7 @@ def test_search_tiles_give_the_oracle_anchor_sets(name: str, case: LayerCase, ge
     x = make_inputs(case, gen)
     _, traces = oracle.attention_layer(x.q1, x.q2, x.k, x.v, x.cache_position, x.mask, case.params)
     check_properties(case, x, traces)
-    variant = REGISTRY.get("attention_layer", name)
-    problem = problem_of(case, x)
-    default = variant.default(problem)
-    tried = 0
-    for tiles in TILES[name]:
-        config = default.replace(**tiles)
-        assert variant.contains(config), config.text()
-        if variant.compile_check(problem, config) is None:
-            check_anchors(launch_search(variant, case, x, config), traces, case, f"{name} {config.text()}")
-            tried += 1
+    tried = check_tilings(name, case, x, traces, TILES[name])
     assert search_spy[name].launches == tried >= 2
 
 

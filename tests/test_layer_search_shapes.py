@@ -5,7 +5,9 @@ oracle's anchor sets (the exact inputs, properties and checks of ``test_layer``)
   padding or a static cache with a hole, ties at the top-k boundary;
 - a chunk whose queries have more stripes than one tile holds, so that the top-k merges across
   tiles (ties across tiles included) and across the stripe-tile kernel's ``while`` rounds;
-- a chunk in the middle of a static cache whose unwritten tail holds NaN or +inf.
+- a chunk in the middle of a static cache whose unwritten tail holds NaN or +inf;
+- fewer valid stripes than topk under a mask with left padding and holes (B 2), both power paths, several
+  topk and tilings.
 """
 
 from __future__ import annotations
@@ -20,9 +22,11 @@ from test_layer import (
     CASES,
     FLOAT55,
     INT2,
+    TILES,
     LayerCase,
     check_anchors,
     check_properties,
+    check_tilings,
     launch_search,
     make_inputs,
     problem_of,
@@ -100,3 +104,25 @@ def test_an_unwritten_cache_tail_never_reaches_the_anchors(name: str, case: Laye
     x.k[:, :, tail:] = float(poison)
     run_search(name, case, x, traces)
     assert search_spy[name].launches == 1
+
+
+FEWER_CASES = [
+    LayerCase(f"fewer-{'int' if power.inv_int else 'float'}-topk{topk}-rep{hq // hkv}",
+              ("fewer", "holes", "masked-stripe", "mid"), batch=2,
+              hq=hq, hkv=hkv, lq=12, lkv=64, start=30, sw_index=2, power=power, topk=topk, bf=3.0, ff=1.0,
+              mask="padded-holes", ties=True)
+    for power, topk, (hq, hkv) in ((INT2, 3, (4, 2)), (INT2, 5, (16, 1)), (FLOAT55, 4, (2, 2)), (FLOAT55, 6, (8, 2)))
+]
+
+
+@pytest.mark.parametrize("case", FEWER_CASES, ids=lambda c: c.name)
+@pytest.mark.parametrize("name", sorted(TRITON_SEARCHES))
+def test_fewer_valid_stripes_than_topk_under_padding_and_holes(name: str, case: LayerCase, gen: torch.Generator,
+                                                               search_spy: SearchSpies) -> None:
+    """B 2 rows padded differently with holes under stripes, so many queries have fewer allowed stripes
+    than topk: each tiling of each Triton search gives the oracle's anchor sets with -1 in the empty slots."""
+    x = make_inputs(case, gen)
+    _, traces = oracle.attention_layer(x.q1, x.q2, x.k, x.v, x.cache_position, x.mask, case.params)
+    check_properties(case, x, traces)
+    tried = check_tilings(name, case, x, traces, [{}, *TILES[name]])  # {}: the default tiles
+    assert search_spy[name].launches == tried >= 2
