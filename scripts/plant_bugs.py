@@ -142,6 +142,8 @@ PLANTS = {
     "layer search: an empty slot's anchor is key 0": (LSK, "tl.where(found, best_key, -1).to(tl.int64)", "tl.where(found, best_key, 0).to(tl.int64)", f"{SHAPES} -k fewer"),
     "stripe-tile search: batch row 0's mask for every row": (STS, "    mask_base = batch * stride_mb\n", "    mask_base = batch * 0\n", f"{SHAPES} -k fewer"),
     "layer search: batch row 0's mask for every row": (LSK, "    mask_base = batch * stride_mb\n", "    mask_base = batch * 0\n", f"{SHAPES} -k fewer"),
+    "public decode: sw_index and topk swap places": (API, "    sw_index: int = 0,\n    topk: int = 3,\n    enable_gqa: bool = True,", "    topk: int = 3,\n    sw_index: int = 0,\n    enable_gqa: bool = True,", "tests/test_patch.py -k binds"),
+    "public decode: span_power defaults to 0.55": (API, "    span_power: float = 0.5,\n    search_power: float | None = None,\n    inv_search_power_int: int | None = 2,\n    force_mode", "    span_power: float = 0.55,\n    search_power: float | None = None,\n    inv_search_power_int: int | None = 2,\n    force_mode", "tests/test_patch.py -k binds"),
     "stripe-tile search takes one candidate per tile": (STS, "go = beats & present & (top >= worst)", "go = beats & present & (top != top)", f"{LAYER} {SHAPES}"),
     "stripe-tile search scores a neighbour query's keys": (STS, "own_query = (rows // BLOCK_H)[:, None] == (cols // BLOCK_S)[None, :]", "own_query = (rows // BLOCK_H)[:, None] >= 0", LAYER),
     "stripe-tile search ignores the mask": (STS, "valid = valid & (tl.load(mask_ptr + mask_base + loc, mask=valid, other=0) != 0)", "valid = valid", LAYER),

@@ -255,11 +255,18 @@ def _original_signature(name: str) -> inspect.Signature:
     return inspect.signature(function)
 
 
+# Where ours differs from the original on purpose: a positional parameter under another name (ours also takes the
+# original's name as a keyword), and tile hints whose defaults differ (ours are ignored hints).
+RENAMED_POSITIONAL = {("fused_prefill_with_swtriton", "topk"): "num_spans"}
+HINT_DEFAULTS = {"block_k"}
+
+
 @pytest.mark.parametrize("name", SPAN_NAMES + LAYER_NAMES)
 def test_every_call_the_original_accepts_binds_to_ours(name: str) -> None:
     """For every replaced public name (forwarders resolved to the function they call): each of the
-    original's positional parameters sits at the same position in ours, each of its parameter
-    names (keyword-only ones included) is a keyword ours accepts, and ours requires nothing more."""
+    original's positional parameters sits at the same position in ours under the same name (or its
+    declared rename), each of its parameter names (keyword-only ones included) is a keyword ours
+    accepts, each of its defaults is ours (tile hints aside), and ours requires nothing more."""
     theirs = _original_signature(name)
     ours = inspect.signature(getattr(api if name in SPAN_NAMES else layer_api, name))
     positional = (inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD)
@@ -268,8 +275,64 @@ def test_every_call_the_original_accepts_binds_to_ours(name: str) -> None:
     for index, param in enumerate(theirs.parameters.values()):
         if param.kind in positional:
             assert index < len(our_positional), f"{name}: positional {param.name!r} (#{index}) has no place in ours"
+            expected = RENAMED_POSITIONAL.get((name, param.name), param.name)
+            assert our_positional[index].name == expected, (
+                f"{name}: positional #{index} is {param.name!r} in the original, {our_positional[index].name!r} in ours")
         assert param.name in keywords or param.kind == inspect.Parameter.POSITIONAL_ONLY, (
             f"{name}: the original's {param.name!r} is not a keyword of ours")
+        if param.default is not inspect.Parameter.empty and param.name not in HINT_DEFAULTS:
+            assert ours.parameters[param.name].default == param.default, (
+                f"{name}: {param.name!r} defaults to {param.default!r} in the original, "
+                f"{ours.parameters[param.name].default!r} in ours")
     required = {p.name for p in ours.parameters.values() if p.default is inspect.Parameter.empty}
-    theirs_required = [p for p in theirs.parameters.values() if p.default is inspect.Parameter.empty]
-    assert len(required) <= len(theirs_required), f"{name}: ours requires {sorted(required)}, the original {theirs_required}"
+    theirs_required = {RENAMED_POSITIONAL.get((name, p.name), p.name) for p in theirs.parameters.values()
+                       if p.default is inspect.Parameter.empty}
+    assert required <= theirs_required, f"{name}: ours requires {sorted(required - theirs_required)}, the original does not"
+
+
+HELPERS = {  # the original's helpers that superlinear_ops re-exports, and the wheel module that defines each
+    "window_len_from_sw_index": "superlinear.kernels.common.power",
+    "max_stripe_index_for_token_pos": "superlinear.kernels.common.power",
+    "compute_qend_from_qanchor": "superlinear.kernels.common.adjustment",
+}
+POWERS = ({"search_power": None, "inv_search_power_int": 2}, {"search_power": 0.55, "inv_search_power_int": None},
+          {"search_power": None, "inv_search_power_int": 3}, {"search_power": 0.5, "inv_search_power_int": None})
+
+
+@pytest.mark.parametrize("name", sorted(HELPERS))
+def test_reexported_helpers_take_the_originals_arguments(name: str) -> None:
+    """Each of the original's parameters is one of ours of the same kind, with the original's default
+    where it has one (ours may default what it requires), and ours requires nothing more."""
+    theirs = inspect.signature(getattr(module(HELPERS[name]), name)).parameters
+    ours = inspect.signature(getattr(superlinear_ops, name)).parameters
+    assert list(theirs) == list(ours), f"{name}: parameters {list(theirs)} in the original, {list(ours)} in ours"
+    for param in theirs.values():
+        assert ours[param.name].kind == param.kind, f"{name}: {param.name!r} is {ours[param.name].kind} in ours"
+        if param.default is not inspect.Parameter.empty:
+            assert ours[param.name].default == param.default, f"{name}: {param.name!r}'s default"
+
+
+def test_reexported_helpers_give_the_originals_values() -> None:
+    """The stripe and window helpers over positions and both power paths, and the span ends from anchors
+    (masked rows and forward factors included), equal the original's."""
+    power, adjustment = module(HELPERS["window_len_from_sw_index"]), module(HELPERS["compute_qend_from_qanchor"])
+    for kwargs in POWERS:
+        for sw_index in (0, 1, 2, 44, 65):
+            assert superlinear_ops.window_len_from_sw_index(sw_index, **kwargs) == power.window_len_from_sw_index(
+                sw_index, **kwargs), (sw_index, kwargs)
+        for pos in [*range(0, 300), 4095, 65535, 1 << 20]:
+            assert superlinear_ops.max_stripe_index_for_token_pos(pos, **kwargs) == \
+                power.max_stripe_index_for_token_pos(pos, **kwargs), (pos, kwargs)
+    gen = torch.Generator().manual_seed(5)
+    lkv, lq = 96, 12
+    cache_position = torch.arange(lkv - lq, lkv)
+    qanchor = torch.randint(-1, lkv - lq, (2, 4, lq, 3), generator=gen)
+    mask = torch.ones(2, lkv, dtype=torch.int64)
+    mask[1, :17] = 0
+    mask[:, 40] = 0
+    for kwargs in POWERS[:2]:
+        for extra in ({}, {"attention_mask": mask, "forward_factor": 1.0, "sw_index": 2, "span_power": 0.55}):
+            args = dict(cache_position=cache_position, key_length=lkv, **kwargs, **extra)
+            ours = superlinear_ops.compute_qend_from_qanchor(qanchor, **args)
+            theirs = adjustment.compute_qend_from_qanchor(qanchor, **args)
+            assert torch.equal(ours, theirs), (kwargs, sorted(extra))
