@@ -102,8 +102,9 @@ HEAD_DIM_CASES = [  # every group size with a head dim of model-sized tiles (96:
 
 @pytest.mark.parametrize("case", HEAD_DIM_CASES, ids=lambda c: f"{c.dtype}-rep{c.hq // c.hkv}-D{c.dim}")
 def test_head_dims_and_group_sizes_in_the_middle_of_a_static_cache(case: TileCase, gen: torch.Generator):
-    """rep 1 / 2 / 4 / 16 with D 64 / 96 / 128 / 256, B 2, masks with holes: the chunk ends 9 keys before the end
-    of a static cache whose unwritten tail holds NaN, which no output may show."""
+    """rep 1 / 2 / 4 / 16 with D 64 / 96 / 128 / 256, B 1 and 2, with and without a mask with holes, in-order
+    and random positions: the chunk ends 9 keys before the end of a static cache whose unwritten tail holds
+    NaN, which no output may show."""
     q, k, v, _, _, cache_position, mask = make_inputs(case, gen)
     cache_position = (cache_position - 9).clamp(min=0)
     tail = int(cache_position.max()) + 1

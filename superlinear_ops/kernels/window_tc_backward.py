@@ -16,8 +16,9 @@ banded sliding window.
   (``combine_rows_kernel`` writes them there), so each tile's q and dO* come whole through TMA
   descriptors where ``row_descriptors`` allows them: 1.33x at model M's 16K and 64K training
   steps on the H200 at the old 32 x 128 tiles, and with the 64 x 64 tiles this made best 3.55 ->
-  1.99 ms at 16K, 14.7 -> 8.35 ms at 64K (docs/device-runs/h200-window-rows-tma.txt). With the group in one part (``window_head_split`` 1) it adds
-  the span part already in the fp32 buffers and writes dK/dV in the output dtype (no atomics);
+  1.99 ms at 16K, 14.7 -> 8.35 ms at 64K (docs/device-runs/h200-window-rows-tma.txt). With the
+  group in one part (``window_head_split`` 1) it adds the span part already in the fp32 buffers
+  and writes dK/dV in the output dtype (no atomics);
   split into parts (more programs: 64 key blocks of model M's 4K training fill half the H200's
   SMs), each part adds its sum to the fp32 buffers with one atomic add per element.
 - ``window_dq_kernel``: one program per (query tile of ``window_block_n`` rows, query head, batch),
