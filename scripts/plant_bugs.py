@@ -275,6 +275,7 @@ PLANTS = {
     "store: a rival's schema skipped and a second version row added": ("superlinear_ops/cache/store.py", "checkfirst=False)", "checkfirst=True)", "tests/test_cache_concurrency.py -k schema"),
     "tune: workers started before the store has its schema": ("superlinear_ops/tuner/tune.py", "            Store.writer(cache).close()  # create the store's schema once, before the workers start\n", "", "tests/test_tuner.py -k after_the_store"),
     "hardening: topk not clamped to the stripes": (SETTINGS, "return settings if torch.compiler.is_compiling() else settings.for_keys(key_length)", "return settings", f"{INPUTS} -k huge_topk"),
+    "arch table: positions compiled as int64 pointers": ("superlinear_ops/arch_compile.py", '"suffix_ptr", "spos_ptr", "cache_pos_ptr"})', '"suffix_ptr"})', "tests/test_arch_check.py -k pointer_types"),
 }
 
 

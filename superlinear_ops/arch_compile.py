@@ -40,8 +40,9 @@ BLOCK_D = 128  # padded head dim: the table serves head dims 65 to 128 (model M:
 K_SPANS = 3
 _TRITON_TYPES = {"bfloat16": "bf16", "float16": "fp16", "float32": "fp32"}
 INPUT_POINTERS = frozenset({"Q_ptr", "Qs_ptr", "K_ptr", "V_ptr", "dO_ptr", "dOs_ptr", "Out_ptr", "dQout_ptr", "dKout_ptr", "dVout_ptr"})
-INT32_POINTERS = frozenset({"lo_ptr", "hi_ptr", "perm_ptr", "rank_ptr", "first_ptr", "last_ptr", "tile_lo_ptr", "tile_hi_ptr", "suffix_ptr"})
-INT64_POINTERS = frozenset({"order_ptr", "spos_ptr", "cache_pos_ptr"})
+INT32_POINTERS = frozenset({"lo_ptr", "hi_ptr", "perm_ptr", "rank_ptr", "first_ptr", "last_ptr", "tile_lo_ptr", "tile_hi_ptr",
+                            "suffix_ptr", "spos_ptr", "cache_pos_ptr"})  # positions: LaunchGeometry's int32
+INT64_POINTERS = frozenset({"order_ptr"})
 UNUSED_DESCRIPTORS = frozenset({"k_desc", "v_desc", "q_desc", "do_desc"})  # the tensors again when KV_TMA / ROWS_TMA is off
 FLOATS = frozenset({"qk_scale", "sm_scale"})
 

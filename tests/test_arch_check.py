@@ -3,6 +3,7 @@ for real), and their effect on the registry's reasons, the tuner's compile check
 
 from __future__ import annotations
 
+import importlib
 import json
 import os
 import subprocess
@@ -11,6 +12,7 @@ import time
 import warnings
 
 import pytest
+import torch
 
 from superlinear_ops import arch_check
 from superlinear_ops.arch_check import ARCH_LIMITS, Resources, compiled_reason, shipped_table, summary, use_table
@@ -202,3 +204,68 @@ def test_archcheck_command_help_and_report(capsys) -> None:
         from superlinear_ops.arch_compile import generate
 
         generate(archs=("sm_75",))
+
+
+# --- the compiled signatures against what the launchers pass ------------------------------------------
+
+_RUNTIME_TYPES = {torch.bfloat16: "*bf16", torch.float16: "*fp16", torch.float32: "*fp32", torch.int32: "*i32",
+                  torch.int64: "*i64", torch.uint8: "*u8", torch.int8: "*i8"}
+
+
+class _ArgumentSpy:
+    """Stands in for a Triton kernel and records each launch's tensor arguments' dtypes by parameter
+    name, as a GPU launch passes them."""
+
+    def __init__(self, kernel) -> None:
+        self.kernel, self.launches = kernel, []
+
+    def __getitem__(self, grid):
+        def launch(*args, **kwargs):
+            named = dict(zip(self.kernel.arg_names, args)) | kwargs
+            self.launches.append({n: a.dtype for n, a in named.items() if isinstance(a, torch.Tensor)})
+            if kwargs.get("UPCAST"):  # dO* is fp32 under the interpreter only
+                self.launches[-1].update({n: torch.bfloat16 for n in ("dOs_ptr", "do_desc") if n in named})
+            return self.kernel[grid](*args, **kwargs)
+        return launch
+
+
+def test_compiled_signatures_take_the_pointer_types_the_launchers_pass(monkeypatch) -> None:
+    """Every covered kernel's ahead-of-time signature (``arch_compile.signature``) names, for each
+    tensor argument, the element type the unmasked bf16 launch passes (positions int32, tile orders
+    int64, ...); the descriptors' tensors as the pointer path (``KV_TMA``/``ROWS_TMA`` off) takes them."""
+    from superlinear_ops.arch_compile import signature
+    from superlinear_ops.kernels import span_tc_backward, span_tc_forward, window_attention, window_tc_backward
+    from superlinear_ops.kernels.launch import LaunchGeometry
+
+    monkeypatch.setattr(window_attention, "key_value_descriptors", lambda *_: None)
+    for module in (span_tc_forward, window_tc_backward):
+        monkeypatch.setattr(module, "key_value_descriptors", lambda *_: None, raising=False)
+        monkeypatch.setattr(module, "row_descriptors", lambda *_: None, raising=False)
+    specs = {spec.name: spec for parts in COVERED.values() for kernels in parts.values() for spec in kernels}
+    spies = {}
+    for spec in specs.values():
+        module = importlib.import_module(spec.module)
+        spies[spec.name] = _ArgumentSpy(spec.kernel())
+        monkeypatch.setattr(module, spec.name, spies[spec.name])
+
+    gen = torch.Generator().manual_seed(0)
+    lq, lkv, dim = 24, 40, 32
+    q = torch.randn(1, 4, lq, dim, generator=gen).to(torch.bfloat16)
+    k, v = (torch.randn(1, 2, lkv, dim, generator=gen).to(torch.bfloat16) for _ in range(2))
+    cache_position = torch.arange(lkv - lq, lkv)
+    qstart = torch.randint(0, 8, (1, 4, lq, 3), generator=gen)
+    qend = qstart + torch.randint(0, 8, (1, 4, lq, 3), generator=gen)
+    geo = LaunchGeometry.prepare(q, k, v, qstart, qend, cache_position, None, 6)
+    tiles = {**SMALL, "window_head_split": 1, "span_sort_block": 16}
+    out, lse = span_tc_forward.span_forward_tc(geo, tiles)
+    span_tc_backward.span_backward_tc(geo, {**span_tc_backward.SPAN_TC_BACKWARD_DEFAULTS, **tiles}, out, lse,
+                                      torch.randn(out.shape, generator=gen).to(torch.bfloat16))
+
+    for name, spec in specs.items():
+        assert spies[name].launches, f"{name}: not launched"
+        types, _ = signature(spies[name].kernel, spec.constexprs(32, 16, 128), "bfloat16")
+        for launch in spies[name].launches:
+            for arg, dtype in launch.items():
+                if arg in ("mask_ptr", "suffix_ptr"):  # unmasked: never read, whatever the launcher passes
+                    continue
+                assert types[arg] == _RUNTIME_TYPES[dtype], f"{name}.{arg}: compiled as {types[arg]}, passed {dtype}"
