@@ -233,14 +233,13 @@ def test_compiled_signatures_take_the_pointer_types_the_launchers_pass(monkeypat
     """Every covered kernel's ahead-of-time signature (``arch_compile.signature``) names, for each
     tensor argument, the element type the unmasked bf16 launch passes (positions int32, tile orders
     int64, ...); the descriptors' tensors as the pointer path (``KV_TMA``/``ROWS_TMA`` off) takes them."""
-    from superlinear_ops.arch_compile import signature
+    from superlinear_ops.arch_compile import UNUSED_DESCRIPTORS, signature
     from superlinear_ops.kernels import span_tc_backward, span_tc_forward, window_attention, window_tc_backward
     from superlinear_ops.kernels.launch import LaunchGeometry
 
-    monkeypatch.setattr(window_attention, "key_value_descriptors", lambda *_: None)
-    for module in (span_tc_forward, window_tc_backward):
-        monkeypatch.setattr(module, "key_value_descriptors", lambda *_: None, raising=False)
-        monkeypatch.setattr(module, "row_descriptors", lambda *_: None, raising=False)
+    for module in (window_attention, span_tc_forward, window_tc_backward):  # the pointer path, as compiled
+        monkeypatch.setattr(module, "row_descriptors", lambda *_: None)
+    monkeypatch.setattr(window_tc_backward, "key_value_descriptors", lambda *_: None)
     specs = {spec.name: spec for parts in COVERED.values() for kernels in parts.values() for spec in kernels}
     spies = {}
     for spec in specs.values():
@@ -265,6 +264,7 @@ def test_compiled_signatures_take_the_pointer_types_the_launchers_pass(monkeypat
         assert spies[name].launches, f"{name}: not launched"
         types, _ = signature(spies[name].kernel, spec.constexprs(32, 16, 128), "bfloat16")
         for launch in spies[name].launches:
+            assert {d for d in UNUSED_DESCRIPTORS if d in types} <= set(launch), f"{name}: a descriptor was passed"
             for arg, dtype in launch.items():
                 if arg in ("mask_ptr", "suffix_ptr"):  # unmasked: never read, whatever the launcher passes
                     continue
