@@ -247,17 +247,20 @@ class KernelSpy:
 class LaunchSpy:
     """Stands in for a Triton kernel in its module and records each launch's ``KV_TMA`` (whether it
     loaded whole key blocks through TMA descriptors; ``tma_flag`` names another such flag, e.g. the
-    window dK/dV kernel's ``ROWS_TMA``), ``EDGE_TMA`` (its edge blocks too; False for a kernel
-    without the flag) and ``TILES`` (which tiles it took; None without the flag); with ``log``, also
-    appends ``name`` to it at each launch (the order of launches across kernels)."""
+    window dK/dV kernel's ``ROWS_TMA``, or None for a kernel without one), ``EDGE_TMA`` (its edge
+    blocks too; False for a kernel without the flag), ``TILES`` (which tiles it took; None without
+    the flag) and all its arguments by parameter name; with ``log``, also appends ``name`` to it at
+    each launch (the order of launches across kernels)."""
 
-    def __init__(self, kernel, log: list | None = None, name: str = "", tma_flag: str = "KV_TMA") -> None:
+    def __init__(self, kernel, log: list | None = None, name: str = "", tma_flag: str | None = "KV_TMA") -> None:
         self.kernel, self.tma, self.edge_tma, self.tiles, self.log, self.name = kernel, [], [], [], log, name
-        self.tma_flag = tma_flag
+        self.tma_flag, self.arguments = tma_flag, []
 
     def __getitem__(self, grid):
         def launch(*args, **kwargs):
-            self.tma.append(kwargs[self.tma_flag])
+            self.arguments.append(dict(zip(self.kernel.arg_names, args)) | kwargs)
+            if self.tma_flag is not None:
+                self.tma.append(kwargs[self.tma_flag])
             self.edge_tma.append(kwargs.get("EDGE_TMA", False))
             self.tiles.append(kwargs.get("TILES"))
             if self.log is not None:

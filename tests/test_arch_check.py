@@ -3,7 +3,6 @@ for real), and their effect on the registry's reasons, the tuner's compile check
 
 from __future__ import annotations
 
-import importlib
 import json
 import os
 import subprocess
@@ -13,6 +12,7 @@ import warnings
 
 import pytest
 import torch
+from helpers import LaunchSpy
 
 from superlinear_ops import arch_check
 from superlinear_ops.arch_check import ARCH_LIMITS, Resources, compiled_reason, shipped_table, summary, use_table
@@ -212,23 +212,6 @@ _RUNTIME_TYPES = {torch.bfloat16: "*bf16", torch.float16: "*fp16", torch.float32
                   torch.int64: "*i64", torch.uint8: "*u8", torch.int8: "*i8"}
 
 
-class _ArgumentSpy:
-    """Stands in for a Triton kernel and records each launch's tensor arguments' dtypes by parameter
-    name, as a GPU launch passes them."""
-
-    def __init__(self, kernel) -> None:
-        self.kernel, self.launches = kernel, []
-
-    def __getitem__(self, grid):
-        def launch(*args, **kwargs):
-            named = dict(zip(self.kernel.arg_names, args)) | kwargs
-            self.launches.append({n: a.dtype for n, a in named.items() if isinstance(a, torch.Tensor)})
-            if kwargs.get("UPCAST"):  # dO* is fp32 under the interpreter only
-                self.launches[-1].update({n: torch.bfloat16 for n in ("dOs_ptr", "do_desc") if n in named})
-            return self.kernel[grid](*args, **kwargs)
-        return launch
-
-
 def test_compiled_signatures_take_the_pointer_types_the_launchers_pass(monkeypatch) -> None:
     """Every covered kernel's ahead-of-time signature (``arch_compile.signature``) names, for each
     tensor argument, the element type the unmasked bf16 launch passes (positions int32, tile orders
@@ -241,11 +224,9 @@ def test_compiled_signatures_take_the_pointer_types_the_launchers_pass(monkeypat
         monkeypatch.setattr(module, "row_descriptors", lambda *_: None)
     monkeypatch.setattr(window_tc_backward, "key_value_descriptors", lambda *_: None)
     specs = {spec.name: spec for parts in COVERED.values() for kernels in parts.values() for spec in kernels}
-    spies = {}
-    for spec in specs.values():
-        module = importlib.import_module(spec.module)
-        spies[spec.name] = _ArgumentSpy(spec.kernel())
-        monkeypatch.setattr(module, spec.name, spies[spec.name])
+    spies = {name: LaunchSpy(spec.kernel(), tma_flag=None) for name, spec in specs.items()}
+    for name, spec in specs.items():
+        monkeypatch.setattr(f"{spec.module}.{name}", spies[name])
 
     gen = torch.Generator().manual_seed(0)
     lq, lkv, dim = 24, 40, 32
@@ -261,11 +242,14 @@ def test_compiled_signatures_take_the_pointer_types_the_launchers_pass(monkeypat
                                       torch.randn(out.shape, generator=gen).to(torch.bfloat16))
 
     for name, spec in specs.items():
-        assert spies[name].launches, f"{name}: not launched"
+        assert spies[name].arguments, f"{name}: not launched"
         types, _ = signature(spies[name].kernel, spec.constexprs(32, 16, 128), "bfloat16")
-        for launch in spies[name].launches:
-            assert {d for d in UNUSED_DESCRIPTORS if d in types} <= set(launch), f"{name}: a descriptor was passed"
-            for arg, dtype in launch.items():
+        for launch in spies[name].arguments:
+            tensors = {arg: value.dtype for arg, value in launch.items() if isinstance(value, torch.Tensor)}
+            assert {d for d in UNUSED_DESCRIPTORS if d in types} <= set(tensors), f"{name}: a descriptor was passed"
+            if launch.get("UPCAST"):  # dO* is fp32 under the interpreter only
+                tensors.update({arg: torch.bfloat16 for arg in ("dOs_ptr", "do_desc") if arg in tensors})
+            for arg, dtype in tensors.items():
                 if arg in ("mask_ptr", "suffix_ptr"):  # unmasked: never read, whatever the launcher passes
                     continue
                 assert types[arg] == _RUNTIME_TYPES[dtype], f"{name}.{arg}: compiled as {types[arg]}, passed {dtype}"
