@@ -66,20 +66,17 @@ from .variant_rules import (
     triton_reasons,
 )
 
-FORWARD_SPACE = (
-    Param("block_k", (16, 32, 64, 128, 256)),
-    Param("num_warps", (1, 2, 4, 8)),
-    Param("num_stages", (1, 2, 3, 4)),
-)
-BACKWARD_SPACE = (
-    Param("block_k", (16, 32, 64, 128)),
-    Param("num_warps", (1, 2, 4, 8)),
-    Param("num_stages", (1, 2, 3)),
-)
+KEY_BLOCKS = Param("block_k", (16, 32, 64, 128, 256))
+WARPS = Param("num_warps", (1, 2, 4, 8))
+FORWARD_SPACE = (KEY_BLOCKS, WARPS, Param("num_stages", (1, 2, 3, 4)))
+BACKWARD_SPACE = (Param("block_k", (16, 32, 64, 128)), WARPS, Param("num_stages", (1, 2, 3)))
+# The chunked decodes stream one query's keys: a deeper pipeline keeps more K/V loads in flight per program
+# (the H200's 64K and masked winners chose 4 stages, the deepest FORWARD_SPACE declares).
+DECODE_TILES = (KEY_BLOCKS, WARPS, Param("num_stages", (1, 2, 3, 4, 6, 8)))
 # Keys per span program: powers of two and steps between them (equal pieces of a span, e.g. 448 = 1,785 / 4 at
 # model M's 64K). On the H200 the tuner's confirmed winners stayed powers of two (2048 at 1M, session 19).
-GROUPED_SPACE = (*FORWARD_SPACE, Param("chunk", (128, 192, 256, 384, 448, 512, 768, 896, 1024, 1536, 2048, 3072, 4096)))
-STRIPE_SPANS_SPACE = (*FORWARD_SPACE, Param("chunk", (64, 96, 128, 192, 256, 384, 512, 1024, 2048, 4096)))
+GROUPED_SPACE = (*DECODE_TILES, Param("chunk", (128, 192, 256, 384, 448, 512, 768, 896, 1024, 1536, 2048, 3072, 4096)))
+STRIPE_SPANS_SPACE = (*DECODE_TILES, Param("chunk", (64, 96, 128, 192, 256, 384, 512, 1024, 2048, 4096)))
 TC_SPACE = (  # the window kernels' tiles, then the span-tile kernel's (forward and backward)
     Param("window_block_m", (32, 64, 128)),
     Param("window_block_n", (16, 32, 64, 128)),
