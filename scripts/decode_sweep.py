@@ -1,9 +1,15 @@
-"""Sweep the grouped decode kernels on a GPU: span chunk length x (block_k, num_warps, num_stages),
-with and without programmatic dependent launch, timed by replaying a CUDA graph, each result
-compared with the default configuration's; then the kernels of the best configuration timed one by
-one with the PyTorch profiler.
+"""Sweep a chunked decode variant's tiles on a GPU beside the dispatcher's choice, in one run.
 
-Run on a GPU:  PYTHONPATH=. python scripts/decode_sweep.py --out sweep.json
+For each of model M's decode problems whose label matches ``--cases`` (the workload's labels, masked
+problems included), every configuration of ``--variant`` (grouped or stripe_spans) in the product of
+``--chunks`` x ``--block-k`` x ``--warps`` x ``--stages`` is checked against the float64 reference and
+timed as the tuner times it (``ProblemBench``: a replayed CUDA graph, L2 flushed, the mean over the
+problem's mask kinds and fills), beside the dispatcher's choice (the shipped file with a clean user
+cache) timed the same way in the same run. Configurations the variant refuses are listed with
+their reason; failures are kept with their message. One JSON row per problem is printed as it
+finishes, and all of them are written to ``--out`` with the sweep sorted by time.
+
+Run on a GPU:  PYTHONPATH=. python scripts/decode_sweep.py --cases '^decode 65536' --stages 3 4 6 8
 """
 
 from __future__ import annotations
@@ -11,66 +17,82 @@ from __future__ import annotations
 import argparse
 import itertools
 import json
+import re
 
 import torch
-from decode_compare import decode_cases, kernel_times
+from decode_compare import kernel_times
 
-from superlinear_ops.decode.grouped_kernels import grouped_decode_attention
-from superlinear_ops.decode.tables import decode_tables
+from superlinear_ops import dispatch
+from superlinear_ops.kernels.launch import KernelConfig
+from superlinear_ops.problem import STAGED_DECODE, device_identity
 from superlinear_ops.registry import REGISTRY
-from superlinear_ops.settings import SpanSettings
-from superlinear_ops.tuner.bench import lower_bound, sdpa_time
-from superlinear_ops.tuner.runner import ProblemBench, measure
-
-CHUNKS = (None, 512, 1024, 2048)  # None: the heuristic chunk length
-LAUNCHES = ((64, 4, 3), (64, 4, 2), (128, 4, 2), (32, 4, 3))  # (block_k, num_warps, num_stages)
-PDL = (False, True)
+from superlinear_ops.tuner.bench import lower_bound
+from superlinear_ops.tuner.runner import ProblemBench, run
+from superlinear_ops.tuner.workload import load
 
 
-def grouped_call(bench: ProblemBench, chunk: int | None, block_k: int, num_warps: int, num_stages: int, pdl: bool):
-    """A closure running the grouped kernels on the bench's inputs with this configuration."""
-    p, x = bench.problem, bench.inputs
-    settings = SpanSettings.of_problem(p)
-    tables = decode_tables(p.keys, settings, bench.device)
-    return lambda: grouped_decode_attention(  # noqa: E731
-        x.q1, x.q, x.k, x.v, x.cache_position, x.mask, tables.offsets, tables.back, tables.forward,
-        settings.window, p.spans, tables.longest_span, block_k=block_k, num_warps=num_warps,
-        num_stages=num_stages, chunk=chunk, pdl=pdl,
-    )
+def parse_args() -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--out", default="decode_sweep.json", help="the JSON file written at the end")
+    parser.add_argument("--workload", default="tuning/superlinear-exp-v0.1.yaml")
+    parser.add_argument("--device", default="cuda", help="cuda, or cpu under TRITON_INTERPRET=1 (a smoke run)")
+    parser.add_argument("--cases", default="^decode (65536|1048576)", help="regex over the workload's decode labels")
+    parser.add_argument("--variant", default="grouped", choices=("grouped", "stripe_spans"))
+    parser.add_argument("--chunks", type=int, nargs="+", default=None,
+                        help="span chunk lengths (default: the dispatcher's choice's, else the variant default's)")
+    parser.add_argument("--block-k", type=int, nargs="+", default=[32, 64])
+    parser.add_argument("--warps", type=int, nargs="+", default=[1, 2, 4])
+    parser.add_argument("--stages", type=int, nargs="+", default=[3, 4, 6, 8])
+    return parser.parse_args()
+
+
+def timed(bench: ProblemBench, variant, config: KernelConfig) -> dict:
+    """The configuration's reference error and time, or why it did not run."""
+    row = {"config": dict(config)}
+    reason = variant.violation(config) or variant.compile_check(bench.problem, config)
+    if reason is not None:
+        return {**row, "refused": reason}
+    try:
+        row["max_error"] = bench.check(variant, config)
+        row["graph_ms"] = bench.time_ms(variant, config)
+    except Exception as err:  # a wrong result, a compile error: kept with the row, the sweep goes on
+        row["failed"] = f"{err.__class__.__name__}: {err}"
+    return row
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__)
-    parser.add_argument("--out", default="decode_sweep.json")
-    args = parser.parse_args()
-    device = torch.device("cuda")
-    cases = decode_cases(device)
-    grouped = REGISTRY.get("staged_decode", "grouped")
+    args = parse_args()
+    device = torch.device(args.device)
+    pattern = re.compile(args.cases)
+    cases = [c for c in load(args.workload).cases(device_identity(device))
+             if c.problem.op == STAGED_DECODE and pattern.search(c.label)]
+    if not cases:
+        raise SystemExit(f"no decode problem of {args.workload} matches --cases {args.cases!r}")
+    variant = REGISTRY.get(STAGED_DECODE, args.variant)
     rows = []
     for case in cases:
         bench = ProblemBench(case, device, seed=0)
-        row = {"label": case.label, "grouped_error": bench.check(grouped, grouped.default(case.problem))}
-        reference = grouped_call(bench, None, 64, 4, 3, False)().float()
-        sweep = []
-        for chunk, (block_k, warps, stages), pdl in itertools.product(CHUNKS, LAUNCHES, PDL):
-            call = grouped_call(bench, chunk, block_k, warps, stages, pdl)
-            diff = (call().float() - reference).abs().max().item()
-            sweep.append({"chunk": chunk, "block_k": block_k, "num_warps": warps, "num_stages": stages, "pdl": pdl,
-                          "graph_ms": measure(call, device, graph=True), "max_diff_vs_default": diff})
-        row["heuristic_ms"] = {str(r["pdl"]): r["graph_ms"] for r in sweep
-                               if r["chunk"] is None and (r["block_k"], r["num_warps"], r["num_stages"]) == (64, 4, 3)}
-        sweep.sort(key=lambda r: r["graph_ms"])
-        row["best"] = best = sweep[0]
-        row["top"] = sweep[:8]
-        row["sweep"] = sweep
-        best_call = grouped_call(bench, best["chunk"], best["block_k"], best["num_warps"], best["num_stages"], best["pdl"])
-        row["kernels_ms"] = kernel_times(best_call, device)
-        row["sdpa_ms"], _ = sdpa_time(bench)
+        chosen = dispatch.select(case.problem)
+        own = chosen.config if chosen.variant.name == args.variant else variant.default(case.problem)
+        chunks = args.chunks or [own["chunk"]]
+        row = {"label": case.label, "masks": list(case.mask_kinds), "dispatcher": {
+            "variant": chosen.variant.name, "source": chosen.source, **timed(bench, chosen.variant, chosen.config)}}
+        sweep = [timed(bench, variant, KernelConfig(block_k=b, num_warps=w, num_stages=s, chunk=c))
+                 for c, b, w, s in itertools.product(chunks, args.block_k, args.warps, args.stages)]
+        ran = sorted((r for r in sweep if "graph_ms" in r), key=lambda r: r["graph_ms"])
+        row["sweep"] = ran + [r for r in sweep if "graph_ms" not in r]
+        if ran and "graph_ms" in row["dispatcher"]:
+            row["best_over_dispatcher"] = ran[0]["graph_ms"] / row["dispatcher"]["graph_ms"]
+        if ran and device.type == "cuda":
+            best = KernelConfig(ran[0]["config"])
+            row["best_kernels_ms"] = kernel_times(lambda: run(variant, best, case.problem, bench.inputs, bench.parts),
+                                                  device)
         row["lower_bound_ms"], row["bound_basis"] = lower_bound(case)
         rows.append(row)
-        print(json.dumps({k: v for k, v in row.items() if k not in ("top", "sweep", "bound_basis")}), flush=True)
+        print(json.dumps({k: row[k] for k in ("label", "dispatcher", "best_over_dispatcher") if k in row}
+                         | {"best": ran[:3]}), flush=True)
     with open(args.out, "w") as fh:
-        json.dump({"rows": rows, "gpu": torch.cuda.get_device_name()}, fh, indent=2)
+        json.dump({"rows": rows, "device": torch.cuda.get_device_name() if device.type == "cuda" else "cpu"}, fh, indent=2)
 
 
 if __name__ == "__main__":
