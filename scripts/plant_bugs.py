@@ -29,6 +29,7 @@ DEC = "superlinear_ops/decode/staged.py"
 GATE = "superlinear_ops/decode/gate.py"
 G = "superlinear_ops/decode/grouped_kernels.py"
 SS = "superlinear_ops/decode/stripe_spans_kernels.py"
+GS = "superlinear_ops/decode/group_spans_kernels.py"
 S = "superlinear_ops/decode/search_kernel.py"
 SPLIT = "superlinear_ops/decode/split_window_kernels.py"
 TCF = "superlinear_ops/kernels/span_tc_forward.py"
@@ -104,6 +105,16 @@ PLANTS = {
     "TMA mask: batch row 0's mask for every row": (G, "desc_row, lo, hi, mask_ptr + mask_base, qk_scale,\n                                      BLOCK_K, HAS_MASK, False, UPCAST)", "desc_row, lo, hi, mask_ptr, qk_scale,\n                                      BLOCK_K, HAS_MASK, False, UPCAST)", "tests/test_decode_mask.py"),
     "TMA mask: the second pass keeps the hidden values": (G, "BLOCK_K, True, True, UPCAST)", "BLOCK_K, True, False, UPCAST)", "tests/test_decode_mask.py -k never_show"),
     "TMA mask: no second pass": (G, "if holds_nan(acc):  # a zero weight", "if holds_nan(acc) & False:  # a zero weight", "tests/test_decode_mask.py -k never_show"),
+    "group_spans: candidate merge shifts slots": (GS, "score = tl.where(row_slot == j, tl.max(", "score = tl.where(row_slot == (j + 1) % TOPK, tl.max(", decode("group_spans")),
+    "group_spans: spans start one key late": (GS, "lo = tl.maximum(anchor - tl.load(back_ptr + t), 0)", "lo = tl.maximum(anchor - tl.load(back_ptr + t), 0) + 1", decode("group_spans")),
+    "group_spans: a chunk drops its last key": (GS, "row_hi = tl.minimum(hi, chunk * CHUNK + CHUNK - 1)", "row_hi = tl.minimum(hi, chunk * CHUNK + CHUNK - 2)", "tests/test_decode.py -k 'chunks and group_spans'"),
+    "group_spans: partial stored one place late": (GS, "* N_PLACES + chunk - lo // CHUNK", "* N_PLACES + chunk - lo // CHUNK + (chunk > 0)", "tests/test_decode.py -k 'chunks and group_spans'"),
+    "group_spans: a head merged by its first partial's program": (GS, "(before + wrote == expected)", "(before == 0)", "tests/test_decode.py -k 'chunks and group_spans'"),
+    "group_spans: heads without a span never merged": (GS, " | ((expected == 0) & (head_ids < REP) & (chunk == 0))", "", decode("group_spans")),
+    "group_spans: no clean second pass": (GS, "if holds_nan(acc):  # a zero weight times", "if holds_nan(acc) & False:  # a zero weight times", "tests/test_decode.py -k group_spans_keeps"),
+    "group_spans: an attended infinite value read as 0": (GS, 'acc = tl.where(bad[:, None], float("nan"), acc)', "acc = acc", "tests/test_decode.py -k group_spans_keeps"),
+    "group_spans: first allowed key ignored": (GS, "                forward = tl.load(forward_ptr + t - first)  # first < window start < t\n", "                forward = forward\n", "tests/test_decode_mask.py -k group_spans"),
+    "group_spans: the mask ignored": (GS, "BLOCK_K, True, HAS_MASK, UPCAST)", "BLOCK_K, True, False, UPCAST)", "tests/test_decode_mask.py -k group_spans"),
     "grouped: a chunk reaching past its anchor skips the first allowed key": (G, "if lo + chunk * CHUNK + CHUNK - 1 > anchor:", "if lo + chunk * CHUNK > anchor:", "tests/test_decode_mask.py -k grouped"),
     "stripe_spans: a chunk reaching past its anchor skips the first allowed key": (G, "            if hi > loc:\n", "            if hi > loc + 1000:\n", "tests/test_decode_mask.py -k stripe_spans"),
     "grouped: a first allowed key of 1 read as key 0": (G, "if (first > 0) & (first < L_KV):\n                    forward = tl.load", "if (first > 1) & (first < L_KV):\n                    forward = tl.load", "tests/test_decode_mask.py -k 'key_0_alone and grouped'"),

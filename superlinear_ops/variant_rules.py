@@ -101,6 +101,33 @@ def stripe_spans_check(problem: Problem, config: KernelConfig) -> str | None:
     return resource_check(2, problem, config)
 
 
+def group_spans_reasons(problem: Problem) -> list[str]:
+    """Why the group_spans decode kernels cannot serve ``problem``: the grouped rules, or more
+    (head, slot) rows per KV group than one program holds."""
+    from .decode.grouped_plan import MAX_SPAN_ROWS, span_rows
+
+    reasons = grouped_reasons(problem)
+    if span_rows(problem.rep, problem.spans) > MAX_SPAN_ROWS:
+        reasons.append(f"rep {problem.rep} x topk {problem.spans} span rows per KV group > {MAX_SPAN_ROWS} "
+                       "(one program holds every (head, slot) row of a group)")
+    return reasons
+
+
+def group_spans_check(problem: Problem, config: KernelConfig) -> str | None:
+    """Why a group_spans configuration cannot build or run well (GPU only): the grouped resource
+    rules, or its (head, slot) rows' accumulator and scores past the registers of its warps."""
+    from .decode.grouped_plan import span_rows
+
+    if not problem.device.is_gpu:
+        return None
+    rows = span_rows(problem.rep, problem.spans)
+    per_thread = rows * (next_power_of_two(problem.head_dim) + config.block_k) / (32 * config.num_warps)
+    if per_thread > MAX_VALUES_PER_THREAD:
+        return (f"registers: about {per_thread:.0f} fp32 values per thread for {rows} span rows' accumulator and "
+                f"scores ({config.block_k}-key blocks) on {config.num_warps} warps (limit {MAX_VALUES_PER_THREAD})")
+    return resource_check(2, problem, config)
+
+
 def tc_reasons(tiles: dict, default, problem: Problem) -> list[str]:
     """Why a tensor-core variant cannot serve ``problem``: the Triton rules, or no tiling that fits."""
     reasons = triton_reasons(problem)
@@ -247,6 +274,17 @@ def stripe_spans_default(problem: Problem) -> KernelConfig:
     stripes, longest = _stripes_and_longest_span(problem)
     return _decode_default(problem, longest, problem.batch * problem.kv_heads * stripes, stripe_spans_check,
                            longer_chunks=True)
+
+
+def group_spans_default(problem: Problem) -> KernelConfig:
+    """Heuristic group_spans configuration: the grouped tiles on enough warps for the span rows
+    (``group_spans_check``), chunks of each KV group's keys that give about four programs per
+    multiprocessor."""
+    check = group_spans_check
+    config = _decode_default(problem, problem.keys, problem.batch * problem.kv_heads, check)
+    while check(problem, config) is not None and config.num_warps < 8:
+        config = config.replace(num_warps=2 * config.num_warps)
+    return config
 
 
 def _decode_default(problem: Problem, span_keys: int, spans: int, check, longer_chunks: bool = False) -> KernelConfig:

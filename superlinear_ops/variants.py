@@ -23,7 +23,7 @@ from functools import partial
 import torch
 
 from .arch_check import with_compiled
-from .decode.grouped import grouped_decode, stripe_spans_decode
+from .decode.grouped import group_spans_decode, grouped_decode, stripe_spans_decode
 from .decode.split_window import split_window_decode
 from .decode.staged import staged_decode
 from .kernels.launch import KernelConfig, LaunchGeometry
@@ -43,6 +43,9 @@ from .variant_rules import (
     forward_default,
     fused_reasons,
     gate_default,
+    group_spans_check,
+    group_spans_default,
+    group_spans_reasons,
     grouped_default,
     grouped_reasons,
     no_check,
@@ -76,6 +79,7 @@ DECODE_TILES = (KEY_BLOCKS, WARPS, Param("num_stages", (1, 2, 3, 4, 6, 8)))
 # Keys per span program: powers of two and steps between them (equal pieces of a span, e.g. 448 = 1,785 / 4 at
 # model M's 64K). On the H200 the tuner's confirmed winners stayed powers of two (2048 at 1M, session 19).
 GROUPED_SPACE = (*DECODE_TILES, Param("chunk", (128, 192, 256, 384, 448, 512, 768, 896, 1024, 1536, 2048, 3072, 4096)))
+GROUP_SPANS_SPACE = (*DECODE_TILES, Param("chunk", (64, 128, 256, 384, 512, 768, 1024, 1536, 2048, 3072, 4096, 8192)))
 STRIPE_SPANS_SPACE = (*DECODE_TILES, Param("chunk", (64, 96, 128, 192, 256, 384, 512, 1024, 2048, 4096)))
 TC_SPACE = (  # the window kernels' tiles, then the span-tile kernel's (forward and backward)
     Param("window_block_m", (32, 64, 128)),
@@ -263,6 +267,13 @@ REGISTRY.register(Variant(
     priority=1,  # short contexts only: the tuner chooses it where it wins
     description="stripe search, window and the span of every stripe once per KV group in one launch (no span work "
     "waits for the search), then a merge that picks each head's chosen spans: two launches",
+))
+REGISTRY.register(Variant(
+    op=STAGED_DECODE, name="group_spans", launch=group_spans_decode, space=GROUP_SPANS_SPACE,
+    reasons=group_spans_reasons, compile_check=group_spans_check, default=group_spans_default,
+    priority=4,  # not yet timed on a GPU: the tuner chooses it where it wins
+    description="stripe search and window once per KV group, then per chunk of key positions every chosen span of "
+    "the group's heads, each key read once for all of them: two launches",
 ))
 REGISTRY.register(Variant(
     op=STAGED_DECODE, name="staged_reference", launch=position_clamped(staged_decode_with(reference_forward)), space=(),

@@ -88,7 +88,7 @@ def test_float64_runs_the_reference_path_exactly(gen: torch.Generator) -> None:
 
 
 TRITON_DECODE = [v for v in REGISTRY.variants("staged_decode") if v.space]
-GROUPED = [REGISTRY.get("staged_decode", name) for name in ("grouped", "stripe_spans")]  # group_kernel's users
+GROUPED = [REGISTRY.get("staged_decode", name) for name in ("grouped", "stripe_spans", "group_spans")]  # group_kernel's users
 
 
 @pytest.mark.parametrize("variant", TRITON_DECODE, ids=[v.name for v in TRITON_DECODE])
@@ -219,6 +219,33 @@ def test_grouped_decode_without_a_window(variant, gen: torch.Generator) -> None:
     assert any(trace.chosen for trace in traces.values()), "no span chosen"
     got, _ = launch_variant(variant, x)
     assert_close(got, expected, torch.float32, case.lkv, variant.name)
+
+
+@pytest.mark.parametrize("poison", [float("nan"), float("inf")], ids=["nan", "inf"])
+@pytest.mark.parametrize("chunk", [64, 4096])
+def test_group_spans_keeps_a_value_one_head_attends_out_of_the_others(poison: float, chunk: int,
+                                                                      gen: torch.Generator) -> None:
+    """group_spans attends every (head, slot) span of a KV group over one chunk's keys together, so a
+    key one head attends meets the zero weights of the heads that do not in the same dot. A NaN or
+    an infinity in such a key's value must reach only the heads that attend it (non-finite there, as
+    in the oracle), whether the spans share a small chunk or all lie in one."""
+    variant = REGISTRY.get("staged_decode", "group_spans")
+    case = DecodeCase("fp32", 4, "none", hkv=1, batch=1, lkv=600, pos=590, power=FLOAT55, sw_index=6)
+    x = make_decode_inputs(case, gen)
+    _, traces = x.oracle()
+    spans = {head: [(start, end) for _, _, start, end in trace.chosen] for (_, head), trace in traces.items()}
+    attends = {head: {key for start, end in chosen for key in range(start, end + 1)} for head, chosen in spans.items()}
+    shared = set().union(*attends.values())
+    key = next(key for key in sorted(shared) if 0 < sum(key in keys for keys in attends.values()) < len(attends))
+    x.v[0, 0, key] = poison
+    expected, _ = x.oracle()
+    hit = [head for head, keys in attends.items() if key in keys]
+    missed = [head for head in attends if head not in hit]
+    assert not torch.isfinite(expected[0, hit]).any() and torch.isfinite(expected[0, missed]).all()
+    got, config = launch_variant(variant, x, changes={"chunk": chunk})
+    assert config.chunk == chunk
+    assert not torch.isfinite(got[0, hit]).any(), f"value {key} attended by heads {hit}: finite output"
+    assert_close(got[0, missed], expected[0, missed], torch.float32, case.lkv, f"heads {missed} (key {key} unattended)")
 
 
 @pytest.mark.parametrize("chunk", [0, -64, 128.0, True])

@@ -7,6 +7,7 @@ from typing import NamedTuple
 
 MIN_DOT = 16  # smallest tl.dot extent
 WINDOW_CHUNK = 64  # keys per window program (one tensor-core step: window programs finish early)
+MAX_SPAN_ROWS = 128  # (head, slot) rows one group_spans program holds
 
 
 def cdiv(a: int, b: int) -> int:
@@ -23,6 +24,12 @@ def span_chunk_length(span_keys: int, spans: int, multiprocessors: int, block_k:
     """Keys per span program: enough programs to keep every multiprocessor busy a few times over."""
     chunk = pow2(max(cdiv(span_keys * spans, 4 * multiprocessors), 1))
     return max(min(chunk, 1024), 128, block_k)
+
+
+def span_rows(rep: int, topk: int) -> int:
+    """Rows of a ``group_spans_kernels`` program: one per (head, slot) of a KV group, padded to a
+    power of two of at least one tensor-core tile."""
+    return max(pow2(rep * topk), MIN_DOT)
 
 
 class LaunchPlan(NamedTuple):
