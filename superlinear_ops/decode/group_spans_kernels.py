@@ -9,7 +9,7 @@ group's heads and span slots attend it.
    power of two), takes each head's top-``TOPK`` candidates (as ``grouped_kernels.chosen_anchor``)
    and their spans (as ``span_kernel``), and attends the keys of its chunk that some row's span
    holds: per block one [rows, D] x [D, BLOCK_K] and one [rows, BLOCK_K] x [BLOCK_K, D] dot, each
-   row masked to its own span (``attend_block``). Heads of a group that choose overlapping spans
+   row masked to its own span (``_attend_rows_block``). Heads of a group that choose overlapping spans
    (model M at 64K: 48 spans of up to 1.8K keys within the group's 63K keys before the window)
    read those keys once, not once per head and slot: with random inputs the span keys and values
    of one decode step take 49 MB instead of 87 MB at 64K, 317 MB instead of 400 MB at 1M.
@@ -20,10 +20,11 @@ partials each program wrote; the program whose addition completes the head's cou
 (``gated_merge``: the window once, each span on top of it, the gate), and chunk 0's program merges
 the heads that chose no span.
 
-Keys come by pointer loads, only those from the chunk's first span key to its last one and,
-under a mask, the allowed ones (the others read as zeros). A key that one row attends and another
-does not still meets the second row's zero weight in the dot, so a NaN or an infinity there would
-reach it (0 times either is NaN): where an accumulator holds a NaN the chunk is attended again
+Keys come by pointer loads, only those from the chunk's first span key to its last one, and no
+load waits for the mask: under one, each block's mask entries (one byte per key) are read beside
+its K/V and only drop the hidden keys' scores. A key that one row does not attend (hidden, or
+outside its span but in another row's) still meets that row's zero weight in the dot, so a NaN
+or an infinity there would reach it (0 times either is NaN): where an accumulator holds a NaN the chunk is attended again
 with the non-finite values read as 0 (16-key blocks, one stage), and the rows that attend one
 are NaN (the reference: NaN, or an infinity for an infinite value). Grids and buffers depend only
 on shapes, never on the position.
@@ -37,7 +38,7 @@ import triton.language as tl
 from triton.language.extra.cuda import gdc_wait
 
 from ..kernels.common import (
-    attend_block,
+    allowed_keys,
     finite_or_zero,
     holds_nan,
     in_rows,
@@ -101,20 +102,29 @@ def _chosen_spans(
 
 
 @triton.jit
-def _attend_clean_block(
-    acc, m, l, bad, q, K_ptr, V_ptr, kv_base, stride_kl, mask_ptr, mask_base, start, key_hi, row_lo, row_hi,
-    offs_d, d_mask, qk_scale, BLOCK_K: tl.constexpr, HAS_MASK: tl.constexpr, UPCAST: tl.constexpr,
+def _attend_rows_block(
+    acc, m, l, bad, q, K_ptr, V_ptr, kv_base, stride_kl, mask_row_ptr, start, key_hi, row_lo, row_hi,
+    offs_d, d_mask, qk_scale, BLOCK_K: tl.constexpr, HAS_MASK: tl.constexpr, CLEAN: tl.constexpr,
+    UPCAST: tl.constexpr,
 ):
-    """``attend_block`` (per-row keys row_lo..row_hi) with the block's non-finite values read as 0;
-    ``bad`` [rows] marks the rows that attend a key whose value is not finite."""
-    offs_n = start + tl.arange(0, BLOCK_K)
-    k, v, key_ok = load_key_block(K_ptr, V_ptr, kv_base, stride_kl, mask_ptr, mask_base, offs_n, offs_n <= key_hi,
-                                  offs_d, d_mask, HAS_MASK)
-    attended = in_rows(offs_n, row_lo, row_hi) & key_ok[None, :]
-    finite = tl.min(tl.where(tl.abs(v.to(tl.float32)) < float("inf"), 1, 0), axis=1) > 0  # [BLOCK_K]
-    bad = bad | (tl.max(tl.where(attended & ~finite[None, :], 1, 0), axis=1) > 0)
+    """One online-softmax step over keys start..start+BLOCK_K-1 (up to ``key_hi``): row r attends
+    key j when row_lo[r] <= j <= row_hi[r] and, with ``HAS_MASK``, the mask row allows j. The K/V
+    loads do not wait for the mask entries: hidden keys are loaded as they are and only their
+    scores dropped. With ``CLEAN`` non-finite values are read as 0 and ``bad`` [rows] marks the rows
+    that attend one (else ``bad`` is returned as given)."""
+    offs = tl.arange(0, BLOCK_K)
+    offs_n = start + offs
+    k, v, _ = load_key_block(K_ptr, V_ptr, kv_base, stride_kl, K_ptr, 0, offs_n, offs_n <= key_hi, offs_d, d_mask,
+                             False)
+    attended = in_rows(offs_n, row_lo, row_hi)
+    if HAS_MASK:
+        attended = attended & allowed_keys(mask_row_ptr, start, key_hi, offs)[None, :]
+    if CLEAN:
+        finite = tl.min(tl.where(tl.abs(v.to(tl.float32)) < float("inf"), 1, 0), axis=1) > 0  # [BLOCK_K]
+        bad = bad | (tl.max(tl.where(attended & ~finite[None, :], 1, 0), axis=1) > 0)
+        v = finite_or_zero(v)
     s = tl.where(attended, tc_dot(q, tl.trans(k), UPCAST), float("-inf"))
-    acc, m, l = online_softmax_step(acc, m, l, s, finite_or_zero(v), qk_scale, UPCAST)
+    acc, m, l = online_softmax_step(acc, m, l, s, v, qk_scale, UPCAST)
     return acc, m, l, bad
 
 
@@ -164,24 +174,25 @@ def group_spans_kernel(
     present = live & (row_lo <= row_hi)
     key_lo, key_hi = tile_range(present, row_lo, row_hi)
     kv_base = batch * stride_kb + group * stride_kh
-    mask_base = batch * stride_mb
+    mask_row = mask_ptr + batch * stride_mb
     acc = tl.zeros((ROWS, BLOCK_D), dtype=tl.float32)
     m = tl.full((ROWS,), float("-inf"), tl.float32)
     l = tl.zeros((ROWS,), dtype=tl.float32)
+    bad = rows < 0
     for start in range(key_lo, key_hi + 1, BLOCK_K):
-        acc, m, l = attend_block(acc, m, l, q, K_ptr, V_ptr, kv_base, stride_kl, mask_ptr, mask_base, start, key_hi,
-                                 row_lo, row_hi, offs_d, d_mask, qk_scale, BLOCK_K, True, HAS_MASK, UPCAST)
+        acc, m, l, bad = _attend_rows_block(acc, m, l, bad, q, K_ptr, V_ptr, kv_base, stride_kl, mask_row, start,
+                                            key_hi, row_lo, row_hi, offs_d, d_mask, qk_scale, BLOCK_K, HAS_MASK,
+                                            False, UPCAST)
     if holds_nan(acc):  # a zero weight times a NaN or an infinity, or an attended one: tell them apart
         acc = tl.zeros((ROWS, BLOCK_D), dtype=tl.float32)
         m = tl.full((ROWS,), float("-inf"), tl.float32)
         l = tl.zeros((ROWS,), dtype=tl.float32)
-        bad = rows < 0
         # In MIN_DOT-key blocks and one stage: this rare pass then needs fewer registers than the
         # first (sm_90, 64 rows, 64-key blocks on 4 warps: 180 bytes of spill stores, not 1920).
         for start in tl.range(key_lo, key_hi + 1, MIN_DOT, num_stages=1):
-            acc, m, l, bad = _attend_clean_block(acc, m, l, bad, q, K_ptr, V_ptr, kv_base, stride_kl, mask_ptr,
-                                                 mask_base, start, key_hi, row_lo, row_hi, offs_d, d_mask, qk_scale,
-                                                 MIN_DOT, HAS_MASK, UPCAST)
+            acc, m, l, bad = _attend_rows_block(acc, m, l, bad, q, K_ptr, V_ptr, kv_base, stride_kl, mask_row, start,
+                                                key_hi, row_lo, row_hi, offs_d, d_mask, qk_scale, MIN_DOT, HAS_MASK,
+                                                True, UPCAST)
         acc = tl.where(bad[:, None], float("nan"), acc)
     part = ((batch * H_Q + heads) * TOPK + row_slot) * N_PLACES + chunk - lo // CHUNK
     tl.store(acc_ptr + part[:, None] * D_HEAD + offs_d[None, :], acc, mask=present[:, None] & d_mask[None, :])
