@@ -277,11 +277,16 @@ def stripe_spans_default(problem: Problem) -> KernelConfig:
 
 
 def group_spans_default(problem: Problem) -> KernelConfig:
-    """Heuristic group_spans configuration: the grouped tiles on enough warps for the span rows
-    (``group_spans_check``), chunks of each KV group's keys that give about four programs per
-    multiprocessor."""
+    """Heuristic group_spans configuration: the grouped tiles and chunks of each KV group's keys
+    that give about four per multiprocessor, on 8 warps from 64 span rows (compiled for sm_90 with
+    64 rows and 64-key 3-stage tiles: 140 bytes of spill stores on 8 warps, 1.5 KB on 4), and on
+    more warps while ``group_spans_check`` refuses."""
+    from .decode.grouped_plan import span_rows
+
     check = group_spans_check
     config = _decode_default(problem, problem.keys, problem.batch * problem.kv_heads, check)
+    if span_rows(problem.rep, problem.spans) >= 64:
+        config = config.replace(num_warps=8)
     while check(problem, config) is not None and config.num_warps < 8:
         config = config.replace(num_warps=2 * config.num_warps)
     return config

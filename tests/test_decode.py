@@ -221,6 +221,23 @@ def test_grouped_decode_without_a_window(variant, gen: torch.Generator) -> None:
     assert_close(got, expected, torch.float32, case.lkv, variant.name)
 
 
+@pytest.mark.parametrize("programs_per_multiprocessor", [1, 10**6], ids=["walking", "one-chunk-each"])
+@pytest.mark.parametrize("mask", ["holes", "none"])
+def test_group_spans_programs_walk_their_chunks(programs_per_multiprocessor: int, mask: str, gen: torch.Generator,
+                                                monkeypatch) -> None:
+    """group_spans' programs each take every programs-th chunk of key positions: one program per KV
+    group walking all 32 chunks of 64 keys (spans of about 260 keys meet 5 or 6 of them, most
+    chunks none), or a program per chunk. Either way every span's partials land where its head's
+    merge reads them, and the heads merge once all are written."""
+    from superlinear_ops.decode import group_spans_kernels
+
+    monkeypatch.setattr(group_spans_kernels, "PROGRAMS_PER_MULTIPROCESSOR", programs_per_multiprocessor)
+    case = DecodeCase("fp32", 2, hkv=2, lkv=2048, pos=2000, power=FLOAT55, sw_index=6, mask=mask)
+    x = make_decode_inputs(case, gen)
+    got, _ = launch_variant(REGISTRY.get("staged_decode", "group_spans"), x, changes={"chunk": 64})
+    assert_close(got, x.oracle()[0], torch.float32, case.lkv, f"group_spans, {programs_per_multiprocessor} per SM")
+
+
 @pytest.mark.parametrize("poison", [float("nan"), float("inf")], ids=["nan", "inf"])
 @pytest.mark.parametrize("chunk", [64, 4096])
 def test_group_spans_keeps_a_value_one_head_attends_out_of_the_others(poison: float, chunk: int,

@@ -4,30 +4,33 @@ group's heads and span slots attend it.
 1. ``grouped_kernels.group_kernel``, as the ``grouped`` variant launches it: stripe candidates,
    the window's partials, under a mask the mask slices' first allowed keys, and the zeroed
    finished-program counters.
-2. ``group_spans_kernel``, one program per (chunk of ``CHUNK`` key positions, KV head, batch),
-   holds one row per (head h, slot j) of the group (row j * rep + h; rep x topk rows padded to a
-   power of two), takes each head's top-``TOPK`` candidates (as ``grouped_kernels.chosen_anchor``)
-   and their spans (as ``span_kernel``), and attends the keys of its chunk that some row's span
-   holds: per block one [rows, D] x [D, BLOCK_K] and one [rows, BLOCK_K] x [BLOCK_K, D] dot, each
-   row masked to its own span (``_attend_rows_block``). Heads of a group that choose overlapping spans
-   (model M at 64K: 48 spans of up to 1.8K keys within the group's 63K keys before the window)
-   read those keys once, not once per head and slot: with random inputs the span keys and values
-   of one decode step take 49 MB instead of 87 MB at 64K, 317 MB instead of 400 MB at 1M.
+2. ``group_spans_kernel``, a grid of (programs, KV head, batch) that runs in one wave, whose
+   programs walk the chunks of ``CHUNK`` key positions (program p takes chunks p, p + programs,
+   ...). A program holds one row per (head h, slot j) of the group (row j * rep + h; rep x topk
+   rows padded to a power of two), takes each head's top-``TOPK`` candidates (as
+   ``grouped_kernels.chosen_anchor``) and their spans (as ``span_kernel``) once, and attends the
+   keys of each of its chunks that some row's span holds (a chunk that none holds costs a few
+   comparisons): per block one [rows, D] x [D, BLOCK_K] and one [rows, BLOCK_K] x [BLOCK_K, D]
+   dot, each row masked to its own span (``_attend_rows_block``). Heads of a group that choose
+   overlapping spans (model M at 64K: 48 spans of up to 1.8K keys within the group's 63K keys
+   before the window) read those keys once, not once per head and slot: with random inputs the
+   span keys and values of one decode step take 49 MB instead of 87 MB at 64K, 317 MB instead of
+   400 MB at 1M.
 
 Row (h, j)'s span leaves a partial in each chunk it meets, at place chunk - lo // CHUNK of its
 cdiv(longest span + CHUNK - 1, CHUNK). Per head, a counter (zeroed by ``group_kernel``) adds the
 partials each program wrote; the program whose addition completes the head's count merges it
-(``gated_merge``: the window once, each span on top of it, the gate), and chunk 0's program merges
-the heads that chose no span.
+(``gated_merge``: the window once, each span on top of it, the gate), and the program of chunk 0
+merges the heads that chose no span.
 
 Keys come by pointer loads, only those from the chunk's first span key to its last one, and no
 load waits for the mask: under one, each block's mask entries (one byte per key) are read beside
 its K/V and only drop the hidden keys' scores. A key that one row does not attend (hidden, or
 outside its span but in another row's) still meets that row's zero weight in the dot, so a NaN
-or an infinity there would reach it (0 times either is NaN): where an accumulator holds a NaN the chunk is attended again
-with the non-finite values read as 0 (16-key blocks, one stage), and the rows that attend one
-are NaN (the reference: NaN, or an infinity for an infinite value). Grids and buffers depend only
-on shapes, never on the position.
+or an infinity there would reach it (0 times either is NaN): where an accumulator holds a NaN
+the chunk is attended again with the non-finite values read as 0 (16-key blocks, one stage), and
+the rows that attend one are NaN (the reference: NaN, or an infinity for an infinite value).
+Grids and buffers depend only on shapes, never on the position.
 """
 
 from __future__ import annotations
@@ -59,6 +62,11 @@ from .grouped_kernels import (
 from .grouped_plan import MAX_SPAN_ROWS, cdiv, pow2, span_rows
 
 __all__ = ["group_spans_attention"]
+
+# Programs per multiprocessor per launch (grid: at most this many times the multiprocessors, over
+# all KV groups and batch rows): two 64-row programs with 3-stage 64-key K/V tiles fit an sm_90
+# multiprocessor's shared memory, so the grid runs in one wave and each program walks its chunks.
+PROGRAMS_PER_MULTIPROCESSOR = 2
 
 
 @triton.jit
@@ -129,23 +137,52 @@ def _attend_rows_block(
 
 
 @triton.jit
+def _merge_finished_heads(
+    acc_ptr, m_ptr, l_ptr, win_acc_ptr, win_m_ptr, win_l_ptr, counter_ptr, Out_ptr, present, live, row_head,
+    row_slot, score, places, chunk, group, batch, H_Q, REP, N_PLACES, N_WCHUNKS,
+    TOPK: tl.constexpr, TOPK_POW2: tl.constexpr, REP_PAD: tl.constexpr, PLACES_POW2: tl.constexpr,
+    WCHUNKS_POW2: tl.constexpr, D_HEAD: tl.constexpr, BLOCK_D: tl.constexpr,
+):
+    """Count the ``present`` rows' partials just written into their heads' counters; merge each head
+    whose count this completes (``places`` per row in all), and at chunk 0 the heads with none."""
+    tl.debug_barrier()  # every thread's partials are written before the release below
+    head_ids = tl.arange(0, REP_PAD)
+    of_head = live[None, :] & (row_head[None, :] == head_ids[:, None])  # [REP_PAD, rows]
+    wrote = tl.sum(tl.where(of_head & present[None, :], 1, 0), axis=1)
+    expected = tl.sum(tl.where(of_head, places[None, :], 0), axis=1)
+    before = tl.atomic_add(counter_ptr + batch * H_Q + group * REP + head_ids, wrote, mask=wrote > 0,
+                           sem="acq_rel", scope="gpu")
+    merges = ((wrote > 0) & (before + wrote == expected)) | ((expected == 0) & (head_ids < REP) & (chunk == 0))
+    slots = tl.arange(0, TOPK_POW2)
+    for h in range(REP):
+        if tl.max(tl.where(head_ids == h, merges.to(tl.int32), 0), axis=0) > 0:
+            in_slot = (row_head[None, :] == h) & (row_slot[None, :] == slots[:, None]) & live[None, :]  # [slots, rows]
+            row = batch * H_Q + group * REP + h
+            gated_merge(acc_ptr, m_ptr, l_ptr, win_acc_ptr, win_m_ptr, win_l_ptr, Out_ptr, row,
+                        tl.max(tl.where(in_slot, score[None, :], float("-inf")), axis=1),
+                        (row * TOPK + slots) * N_PLACES, tl.sum(tl.where(in_slot, places[None, :], 0), axis=1),
+                        N_WCHUNKS, TOPK, TOPK_POW2, PLACES_POW2, WCHUNKS_POW2, D_HEAD, BLOCK_D)
+
+
+@triton.jit
 def group_spans_kernel(
     Q2_ptr, K_ptr, V_ptr, cand_score_ptr, cand_anchor_ptr, back_ptr, forward_ptr, first_ptr, cache_pos_ptr,
     mask_ptr, acc_ptr, m_ptr, l_ptr, win_acc_ptr, win_m_ptr, win_l_ptr, counter_ptr, Out_ptr,
     stride_qb, stride_qh, stride_kb, stride_kh, stride_kl, stride_mb,
-    H_Q, L_KV, REP, WINDOW, LAST, N_CANDIDATES, N_PLACES, N_WCHUNKS, N_SLICES, qk_scale,
+    H_Q, L_KV, REP, WINDOW, LAST, N_CANDIDATES, N_PLACES, N_WCHUNKS, N_SLICES, N_KEY_CHUNKS, qk_scale,
     CHUNK: tl.constexpr, TOPK: tl.constexpr, TOPK_POW2: tl.constexpr, ROWS: tl.constexpr,
     REP_PAD: tl.constexpr, CAND_POW2: tl.constexpr, PLACES_POW2: tl.constexpr, SLICES_POW2: tl.constexpr,
     WCHUNKS_POW2: tl.constexpr, D_HEAD: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_K: tl.constexpr,
     HAS_MASK: tl.constexpr, HAS_FORWARD: tl.constexpr, FIRST_FROM_MASK: tl.constexpr, UPCAST: tl.constexpr,
     PDL: tl.constexpr,
 ):
-    """Per (chunk of key positions, KV head, batch): every (head, slot) span of the group over the
-    chunk's keys, a partial per span met; the program that completes a head's partials merges it.
+    """Per (program, KV head, batch): the group's spans once, then every (head, slot) span over the
+    keys of chunks program, program + programs, ... of the ``N_KEY_CHUNKS`` (a partial per span
+    met; chunks that no span meets cost a few comparisons); the program that completes a head's
+    partials merges it.
 
     With ``PDL`` it starts while ``group_kernel`` runs and waits for that grid's results before its
     first read of them."""
-    chunk = tl.program_id(0)
     group = tl.program_id(1).to(tl.int64)
     batch = tl.program_id(2).to(tl.int64)
     pos = clamped_position(cache_pos_ptr, LAST, L_KV)
@@ -167,56 +204,43 @@ def group_spans_kernel(
     )
     score = tl.where(live, score, float("-inf"))
     places = tl.where(live & (lo <= hi), hi // CHUNK - lo // CHUNK + 1, 0)  # chunks each row's span meets
-
-    # This chunk's keys of each row's span, and the keys from the first of them to the last.
-    row_lo = tl.maximum(lo, chunk * CHUNK)
-    row_hi = tl.minimum(hi, chunk * CHUNK + CHUNK - 1)
-    present = live & (row_lo <= row_hi)
-    key_lo, key_hi = tile_range(present, row_lo, row_hi)
     kv_base = batch * stride_kb + group * stride_kh
     mask_row = mask_ptr + batch * stride_mb
-    acc = tl.zeros((ROWS, BLOCK_D), dtype=tl.float32)
-    m = tl.full((ROWS,), float("-inf"), tl.float32)
-    l = tl.zeros((ROWS,), dtype=tl.float32)
-    bad = rows < 0
-    for start in range(key_lo, key_hi + 1, BLOCK_K):
-        acc, m, l, bad = _attend_rows_block(acc, m, l, bad, q, K_ptr, V_ptr, kv_base, stride_kl, mask_row, start,
-                                            key_hi, row_lo, row_hi, offs_d, d_mask, qk_scale, BLOCK_K, HAS_MASK,
-                                            False, UPCAST)
-    if holds_nan(acc):  # a zero weight times a NaN or an infinity, or an attended one: tell them apart
-        acc = tl.zeros((ROWS, BLOCK_D), dtype=tl.float32)
-        m = tl.full((ROWS,), float("-inf"), tl.float32)
-        l = tl.zeros((ROWS,), dtype=tl.float32)
-        # In MIN_DOT-key blocks and one stage: this rare pass then needs fewer registers than the
-        # first (sm_90, 64 rows, 64-key blocks on 4 warps: 180 bytes of spill stores, not 1920).
-        for start in tl.range(key_lo, key_hi + 1, MIN_DOT, num_stages=1):
-            acc, m, l, bad = _attend_rows_block(acc, m, l, bad, q, K_ptr, V_ptr, kv_base, stride_kl, mask_row, start,
-                                                key_hi, row_lo, row_hi, offs_d, d_mask, qk_scale, MIN_DOT, HAS_MASK,
-                                                True, UPCAST)
-        acc = tl.where(bad[:, None], float("nan"), acc)
-    part = ((batch * H_Q + heads) * TOPK + row_slot) * N_PLACES + chunk - lo // CHUNK
-    tl.store(acc_ptr + part[:, None] * D_HEAD + offs_d[None, :], acc, mask=present[:, None] & d_mask[None, :])
-    tl.store(m_ptr + part, m, mask=present)
-    tl.store(l_ptr + part, l, mask=present)
-
-    # Per head: the partials this program wrote, out of all its spans' places.
-    tl.debug_barrier()  # every thread's partials are written before the release below
-    head_ids = tl.arange(0, REP_PAD)
-    of_head = live[None, :] & (row_head[None, :] == head_ids[:, None])  # [REP_PAD, rows]
-    wrote = tl.sum(tl.where(of_head & present[None, :], 1, 0), axis=1)
-    expected = tl.sum(tl.where(of_head, places[None, :], 0), axis=1)
-    before = tl.atomic_add(counter_ptr + batch * H_Q + group * REP + head_ids, wrote, mask=wrote > 0,
-                           sem="acq_rel", scope="gpu")
-    merges = ((wrote > 0) & (before + wrote == expected)) | ((expected == 0) & (head_ids < REP) & (chunk == 0))
-    slots = tl.arange(0, TOPK_POW2)
-    for h in range(REP):
-        if tl.max(tl.where(head_ids == h, merges.to(tl.int32), 0), axis=0) > 0:
-            in_slot = (row_head[None, :] == h) & (row_slot[None, :] == slots[:, None]) & live[None, :]  # [slots, rows]
-            row = batch * H_Q + group * REP + h
-            gated_merge(acc_ptr, m_ptr, l_ptr, win_acc_ptr, win_m_ptr, win_l_ptr, Out_ptr, row,
-                        tl.max(tl.where(in_slot, score[None, :], float("-inf")), axis=1),
-                        (row * TOPK + slots) * N_PLACES, tl.sum(tl.where(in_slot, places[None, :], 0), axis=1),
-                        N_WCHUNKS, TOPK, TOPK_POW2, PLACES_POW2, WCHUNKS_POW2, D_HEAD, BLOCK_D)
+    for chunk in range(tl.program_id(0), N_KEY_CHUNKS, tl.num_programs(0)):
+        # This chunk's keys of each row's span, and the keys from the first of them to the last.
+        row_lo = tl.maximum(lo, chunk * CHUNK)
+        row_hi = tl.minimum(hi, chunk * CHUNK + CHUNK - 1)
+        present = live & (row_lo <= row_hi)
+        if (tl.max(present.to(tl.int32), axis=0) > 0) | (chunk == 0):
+            key_lo, key_hi = tile_range(present, row_lo, row_hi)
+            acc = tl.zeros((ROWS, BLOCK_D), dtype=tl.float32)
+            m = tl.full((ROWS,), float("-inf"), tl.float32)
+            l = tl.zeros((ROWS,), dtype=tl.float32)
+            bad = rows < 0
+            for start in range(key_lo, key_hi + 1, BLOCK_K):
+                acc, m, l, bad = _attend_rows_block(acc, m, l, bad, q, K_ptr, V_ptr, kv_base, stride_kl, mask_row,
+                                                    start, key_hi, row_lo, row_hi, offs_d, d_mask, qk_scale, BLOCK_K,
+                                                    HAS_MASK, False, UPCAST)
+            if holds_nan(acc):  # a zero weight times a NaN or an infinity, or an attended one: tell them apart
+                acc = tl.zeros((ROWS, BLOCK_D), dtype=tl.float32)
+                m = tl.full((ROWS,), float("-inf"), tl.float32)
+                l = tl.zeros((ROWS,), dtype=tl.float32)
+                # In MIN_DOT-key blocks and one stage: this rare pass then needs fewer registers than
+                # the first (sm_90, 64 rows, 64-key blocks on 4 warps: 180 bytes of spill stores, not 1920).
+                for start in tl.range(key_lo, key_hi + 1, MIN_DOT, num_stages=1):
+                    acc, m, l, bad = _attend_rows_block(acc, m, l, bad, q, K_ptr, V_ptr, kv_base, stride_kl,
+                                                        mask_row, start, key_hi, row_lo, row_hi, offs_d, d_mask,
+                                                        qk_scale, MIN_DOT, HAS_MASK, True, UPCAST)
+                acc = tl.where(bad[:, None], float("nan"), acc)
+            part = ((batch * H_Q + heads) * TOPK + row_slot) * N_PLACES + chunk - lo // CHUNK
+            tl.store(acc_ptr + part[:, None] * D_HEAD + offs_d[None, :], acc,
+                     mask=present[:, None] & d_mask[None, :])
+            tl.store(m_ptr + part, m, mask=present)
+            tl.store(l_ptr + part, l, mask=present)
+            _merge_finished_heads(acc_ptr, m_ptr, l_ptr, win_acc_ptr, win_m_ptr, win_l_ptr, counter_ptr, Out_ptr,
+                                  present, live, row_head, row_slot, score, places, chunk, group, batch, H_Q, REP,
+                                  N_PLACES, N_WCHUNKS, TOPK, TOPK_POW2, REP_PAD, PLACES_POW2, WCHUNKS_POW2, D_HEAD,
+                                  BLOCK_D)
 
 
 def group_spans_attention(
@@ -257,12 +281,14 @@ def group_spans_attention(
     g = run_group_kernel(q1, q2, k, v, decode_position, attention_mask, offsets, back_table, forward_table, window,
                          topk, longest_span + chunk - 1, block_k, chunk, block_s, pdl, stripe_spans=False)
     plan = g.plan
-    group_spans_kernel[(cdiv(lkv, chunk), hkv, batch)](
+    key_chunks = cdiv(lkv, chunk)
+    programs = min(key_chunks, cdiv(PROGRAMS_PER_MULTIPROCESSOR * _multiprocessors(q1.device), batch * hkv))
+    group_spans_kernel[(programs, hkv, batch)](
         g.q2, g.k, g.v, *g.candidates, back_table, back_table if forward_table is None else forward_table, g.first,
         decode_position, g.mask, *g.span_parts, *g.window_parts, g.counter, g.out,
         g.q2.stride(0), g.q2.stride(1), *g.kv_strides,
-        hq, lkv, plan.rep, window, g.last, plan.n_candidates, plan.n_chunks, plan.n_wchunks, plan.n_slices, g.qk_scale,
-        CHUNK=chunk, TOPK=topk, TOPK_POW2=pow2(topk), ROWS=rows, REP_PAD=plan.rep_pad,
+        hq, lkv, plan.rep, window, g.last, plan.n_candidates, plan.n_chunks, plan.n_wchunks, plan.n_slices, key_chunks,
+        g.qk_scale, CHUNK=chunk, TOPK=topk, TOPK_POW2=pow2(topk), ROWS=rows, REP_PAD=plan.rep_pad,
         CAND_POW2=pow2(plan.n_candidates), PLACES_POW2=pow2(plan.n_chunks), SLICES_POW2=pow2(plan.n_slices),
         WCHUNKS_POW2=pow2(plan.n_wchunks), D_HEAD=dim, BLOCK_D=plan.block_d, BLOCK_K=max(block_k, MIN_DOT.value),
         HAS_MASK=attention_mask is not None, HAS_FORWARD=forward_table is not None,
