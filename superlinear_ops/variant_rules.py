@@ -11,6 +11,7 @@ from functools import partial
 from . import geometry
 from .arch_check import compiled_part_reason
 from .buckets import next_power_of_two
+from .decode.grouped_plan import MAX_SPAN_ROWS, span_rows
 from .kernels.launch import KernelConfig
 from .ops.spec import span_length  # no decode span at the problem's key length is longer
 from .problem import SPAN_BACKWARD, SPAN_FORWARD, Problem
@@ -104,8 +105,6 @@ def stripe_spans_check(problem: Problem, config: KernelConfig) -> str | None:
 def group_spans_reasons(problem: Problem) -> list[str]:
     """Why the group_spans decode kernels cannot serve ``problem``: the grouped rules, or more
     (head, slot) rows per KV group than one program holds."""
-    from .decode.grouped_plan import MAX_SPAN_ROWS, span_rows
-
     reasons = grouped_reasons(problem)
     if span_rows(problem.rep, problem.spans) > MAX_SPAN_ROWS:
         reasons.append(f"rep {problem.rep} x topk {problem.spans} span rows per KV group > {MAX_SPAN_ROWS} "
@@ -116,8 +115,6 @@ def group_spans_reasons(problem: Problem) -> list[str]:
 def group_spans_check(problem: Problem, config: KernelConfig) -> str | None:
     """Why a group_spans configuration cannot build or run well (GPU only): the grouped resource
     rules, or its (head, slot) rows' accumulator and scores past the registers of its warps."""
-    from .decode.grouped_plan import span_rows
-
     if not problem.device.is_gpu:
         return None
     rows = span_rows(problem.rep, problem.spans)
@@ -279,17 +276,9 @@ def stripe_spans_default(problem: Problem) -> KernelConfig:
 def group_spans_default(problem: Problem) -> KernelConfig:
     """Heuristic group_spans configuration: the grouped tiles and chunks of each KV group's keys
     that give about four per multiprocessor, on 8 warps from 64 span rows (compiled for sm_90 with
-    64 rows and 64-key 3-stage tiles: 140 bytes of spill stores on 8 warps, 1.5 KB on 4), and on
-    more warps while ``group_spans_check`` refuses."""
-    from .decode.grouped_plan import span_rows
-
-    check = group_spans_check
-    config = _decode_default(problem, problem.keys, problem.batch * problem.kv_heads, check)
-    if span_rows(problem.rep, problem.spans) >= 64:
-        config = config.replace(num_warps=8)
-    while check(problem, config) is not None and config.num_warps < 8:
-        config = config.replace(num_warps=2 * config.num_warps)
-    return config
+    64 rows and 64-key 3-stage tiles: 140 bytes of spill stores on 8 warps, 1.5 KB on 4)."""
+    config = _decode_default(problem, problem.keys, problem.batch * problem.kv_heads, group_spans_check)
+    return config.replace(num_warps=8) if span_rows(problem.rep, problem.spans) >= 64 else config
 
 
 def _decode_default(problem: Problem, span_keys: int, spans: int, check, longer_chunks: bool = False) -> KernelConfig:

@@ -79,6 +79,7 @@ DECODE_TILES = (KEY_BLOCKS, WARPS, Param("num_stages", (1, 2, 3, 4, 6, 8)))
 # Keys per span program: powers of two and steps between them (equal pieces of a span, e.g. 448 = 1,785 / 4 at
 # model M's 64K). On the H200 the tuner's confirmed winners stayed powers of two (2048 at 1M, session 19).
 GROUPED_SPACE = (*DECODE_TILES, Param("chunk", (128, 192, 256, 384, 448, 512, 768, 896, 1024, 1536, 2048, 3072, 4096)))
+# Keys per chunk of key positions (group_spans): one program walks several; a chunk reads its span keys once.
 GROUP_SPANS_SPACE = (*DECODE_TILES, Param("chunk", (64, 128, 256, 384, 512, 768, 1024, 1536, 2048, 3072, 4096, 8192)))
 STRIPE_SPANS_SPACE = (*DECODE_TILES, Param("chunk", (64, 96, 128, 192, 256, 384, 512, 1024, 2048, 4096)))
 TC_SPACE = (  # the window kernels' tiles, then the span-tile kernel's (forward and backward)

@@ -6,7 +6,9 @@
 - ``grouped``: search and window once per KV group on tensor cores, the chosen spans in chunks
   after the search, two launches (``grouped_kernels``);
 - ``stripe_spans``: the same first launch also attends every stripe's span once per KV group, and a
-  merge launch picks each head's chosen spans (``stripe_spans_kernels``): for short contexts.
+  merge launch picks each head's chosen spans (``stripe_spans_kernels``): for short contexts;
+- ``group_spans``: the same first launch, then the chosen spans of all a KV group's heads per chunk
+  of key positions, each key read once for the group (``group_spans_kernels``).
 ``gate`` holds the gate they share, ``tables`` the exact integer tables they read on the device; their
 settings are ``superlinear_ops.settings.SpanSettings`` (the layer's and the tuner's too).
 """

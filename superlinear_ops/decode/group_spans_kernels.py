@@ -76,8 +76,8 @@ def _chosen_spans(
     TOPK: tl.constexpr, REP_PAD: tl.constexpr, CAND_POW2: tl.constexpr, SLICES_POW2: tl.constexpr,
     HAS_FORWARD: tl.constexpr, FIRST_FROM_MASK: tl.constexpr,
 ):
-    """Per row (head ``row_head``, slot ``row_slot``): the slot's chosen score (-inf: none) and its
-    span [lo, hi] (hi < lo when none). The candidates are merged once per head of the group."""
+    """Per row (head ``row_head``, slot ``row_slot``): the slot's chosen score (-inf: none, so for
+    every row past rep x topk, whose slot is topk or more) and its span [lo, hi] (hi < lo when none). The candidates are merged once per head of the group."""
     heads = tl.arange(0, REP_PAD)
     cands = tl.arange(0, CAND_POW2)
     live = (heads[:, None] < REP) & (cands[None, :] < N_CANDIDATES)
@@ -202,7 +202,6 @@ def group_spans_kernel(
         H_Q, REP, WINDOW, L_KV, N_CANDIDATES, N_SLICES, TOPK, REP_PAD, CAND_POW2, SLICES_POW2, HAS_FORWARD,
         FIRST_FROM_MASK,
     )
-    score = tl.where(live, score, float("-inf"))
     places = tl.where(live & (lo <= hi), hi // CHUNK - lo // CHUNK + 1, 0)  # chunks each row's span meets
     kv_base = batch * stride_kb + group * stride_kh
     mask_row = mask_ptr + batch * stride_mb
