@@ -229,7 +229,8 @@ def generate(
     block_d: int = BLOCK_D,
 ) -> dict:
     """The table for ``archs`` x ``variants`` (``sample``: only the first N tiles of each part);
-    entries of ``reuse`` (an earlier table) with the same code hash are kept, not recompiled."""
+    entries of ``reuse`` (an earlier table) with the same code hash are kept, not recompiled, and so
+    are its other variants whose code hash still matches (regenerating one variant keeps the rest)."""
     from .registry import REGISTRY
 
     for arch in archs:
@@ -260,6 +261,9 @@ def generate(
                         results["results"][arch][config_key(tiles)] = earlier[config_key(tiles)]
                     else:
                         jobs.append((variant, part, arch, tiles, dtype, block_d))
+    for variant, entry in old.items():  # the variants not asked for, where the code has not changed
+        if variant in COVERED and variant not in table["variants"] and entry.get("code_hash") == REGISTRY.get(*variant.split("/")).code_hash:
+            table["variants"][variant] = entry
     log.info("compiling %d kernel parts (%d reused)", len(jobs), sum(
         len(r) for v in table["variants"].values() for p in v["parts"].values() for r in p["results"].values()))
     with tempfile.TemporaryDirectory() as cache, _environment(TRITON_CACHE_DIR=cache, TRITON_INTERPRET="0"):

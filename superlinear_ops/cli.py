@@ -206,8 +206,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     archcheck.add_argument("--out", default=None, help="write the table (JSON) here")
     archcheck.add_argument("--arch", action="append", choices=ARCHS, help="only this arch (repeatable; default: all six)")
-    archcheck.add_argument("--variant", action="append", default=None,
-                           help="only this op/variant (repeatable); the table then holds only these, so keep --out off the shipped table")
+    archcheck.add_argument("--variant", action="append", default=None, help="only this op/variant (repeatable)")
     archcheck.add_argument("--sample", type=int, default=None, help="only N tile configurations per kernel part, smallest to largest")
     archcheck.add_argument("--workers", type=int, default=None, help="compiler processes (default: one per CPU)")
     archcheck.add_argument("--reuse", default=None, help="keep this earlier table's entries whose code hash still matches")

@@ -16,7 +16,7 @@ from helpers import LaunchSpy
 
 from superlinear_ops import arch_check
 from superlinear_ops.arch_check import ARCH_LIMITS, Resources, compiled_reason, shipped_table, summary, use_table
-from superlinear_ops.arch_compile import COVERED, config_key, part_values
+from superlinear_ops.arch_compile import COVERED, config_key, generate, part_values
 from superlinear_ops.buckets import key_of
 from superlinear_ops.cli import main
 from superlinear_ops.dispatch import Dispatcher, LayerAnswer, TunedChoice
@@ -154,6 +154,15 @@ def test_every_arch_can_run_the_defaults(arch: str) -> None:
         p = problem(gpu(arch), op)
         assert not variant.not_supported_reasons(p)
         assert variant.compile_check(p, variant.default(p)) is None, (op, arch, variant.default(p))
+
+
+def test_regenerating_one_variant_keeps_the_others_that_reuse_still_matches() -> None:
+    shipped = shipped_table()
+    asked, other = "span_backward/tc_tiles", "span_forward/tc_tiles"
+    table = generate(variants=(asked,), reuse=shipped)  # both current: nothing to compile
+    assert table["variants"] == shipped["variants"]
+    stale = {**shipped, "variants": {**shipped["variants"], other: {**shipped["variants"][other], "code_hash": "0"}}}
+    assert set(generate(variants=(asked,), reuse=stale)["variants"]) == {asked}
 
 
 def test_shipped_table_rules_out_configurations_on_the_small_shared_memory_archs() -> None:
