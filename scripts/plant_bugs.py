@@ -288,6 +288,10 @@ PLANTS = {
     "store: a rival's schema skipped and a second version row added": ("superlinear_ops/cache/store.py", "checkfirst=False)", "checkfirst=True)", "tests/test_cache_concurrency.py -k schema"),
     "tune: workers started before the store has its schema": ("superlinear_ops/tuner/tune.py", "            Store.writer(cache).close()  # create the store's schema once, before the workers start\n", "", "tests/test_tuner.py -k after_the_store"),
     "hardening: topk not clamped to the stripes": (SETTINGS, "return settings if torch.compiler.is_compiling() else settings.for_keys(key_length)", "return settings", f"{INPUTS} -k huge_topk"),
+    "decode checks: the int64 mask holds only 0 and 1": ("superlinear_ops/ops/staged_decode.py", "x.mask.to(torch.int64) << 32", "x.mask.to(torch.int64)", "tests/test_tuner_isolation.py -k low_word"),
+    "tuner: a sibling GPU's winner is not measured": ("superlinear_ops/tuner/tune.py", "sibling = None if stored is not None else sibling_winner(store, key)", "sibling = None", "tests/test_tuner.py -k sibling"),
+    "decode shared memory: one K/V buffer short": ("superlinear_ops/variant_rules.py", "shared = (buffers * 2 * block_k", "shared = ((buffers - 1) * 2 * block_k", "tests/test_registry.py -k sm90"),
+    "decode shared memory: 64-key window blocks ignored": ("superlinear_ops/variant_rules.py", "config.block_k if problem.masked else max(config.block_k, WINDOW_CHUNK)", "config.block_k", "tests/test_registry.py -k sm90"),
     "arch table: positions compiled as int64 pointers": ("superlinear_ops/arch_compile.py", '"suffix_ptr", "spos_ptr", "cache_pos_ptr"})', '"suffix_ptr"})', "tests/test_arch_check.py -k pointer_types"),
 }
 

@@ -6,12 +6,10 @@ answer. None of this is launched, so none of it enters a variant's code hash.
 
 from __future__ import annotations
 
-from functools import partial
-
 from . import geometry
 from .arch_check import compiled_part_reason
 from .buckets import next_power_of_two
-from .decode.grouped_plan import MAX_SPAN_ROWS, span_rows
+from .decode.grouped_plan import MAX_SPAN_ROWS, MIN_DOT, WINDOW_CHUNK, span_chunk_length, span_rows
 from .kernels.launch import KernelConfig
 from .ops.spec import span_length  # no decode span at the problem's key length is longer
 from .problem import SPAN_BACKWARD, SPAN_FORWARD, Problem
@@ -27,6 +25,7 @@ DEFAULT_SHARED_MEMORY_BYTES = 49152
 
 
 MAX_TC_VALUES_PER_THREAD = 160  # fp32 accumulator + score values per thread of a tensor-core tile
+DECODE_SHARED_SLACK = 1024  # bytes beside a decode program's tiles (barriers, reductions: 24 to 312 in sm_90 compiles)
 
 
 # --- when Triton variants apply ---------------------------------------------------------------
@@ -60,11 +59,19 @@ def split_reasons(problem: Problem) -> list[str]:
 
 
 def grouped_reasons(problem: Problem) -> list[str]:
-    """Why the grouped decode kernels cannot serve ``problem``."""
+    """Why the grouped decode kernels cannot serve ``problem`` (``_misfit``: not even the smallest
+    tiles fit its GPU)."""
     reasons = triton_reasons(problem)
     if problem.rep > 64:
         reasons.append(f"rep = {problem.rep} > 64 query heads per KV head (one program holds a whole group)")
-    return reasons
+    return reasons or _misfit(problem, grouped_default, grouped_check)
+
+
+def _misfit(problem: Problem, default, check) -> list[str]:
+    """Why no configuration fits the GPU, when even ``default`` (the heuristic falls back to the
+    smallest tiles) fails ``check``; else none."""
+    reason = check(problem, default(problem))
+    return [] if reason is None else [f"even the smallest tiles do not fit: {reason}"]
 
 
 # Keys per KV group in every stripe's span above which stripe_spans does not apply (model M on the
@@ -87,7 +94,7 @@ def stripe_spans_reasons(problem: Problem) -> list[str]:
     if stripes * longest > STRIPE_SPANS_KEYS:
         reasons.append(f"every stripe's span is {stripes} x {longest} keys per KV group > {STRIPE_SPANS_KEYS}: "
                        "attending them all beside the search costs more than waiting for it")
-    return reasons
+    return reasons or _misfit(problem, stripe_spans_default, stripe_spans_check)
 
 
 def stripe_spans_check(problem: Problem, config: KernelConfig) -> str | None:
@@ -99,7 +106,8 @@ def stripe_spans_check(problem: Problem, config: KernelConfig) -> str | None:
     if partials > STRIPE_SPANS_BYTES:
         return (f"span partials: {partials / 2**20:.0f} MiB for {stripes} stripes x {chunks} chunks of {config.chunk} "
                 f"keys > {STRIPE_SPANS_BYTES >> 20} MiB (take longer chunks)")
-    return resource_check(2, problem, config)
+    # Without a mask its window programs take WINDOW_CHUNK-key blocks by pointer loads, in the same stages.
+    return grouped_check(problem, config, config.block_k if problem.masked else max(config.block_k, WINDOW_CHUNK))
 
 
 def group_spans_reasons(problem: Problem) -> list[str]:
@@ -109,12 +117,13 @@ def group_spans_reasons(problem: Problem) -> list[str]:
     if span_rows(problem.rep, problem.spans) > MAX_SPAN_ROWS:
         reasons.append(f"rep {problem.rep} x topk {problem.spans} span rows per KV group > {MAX_SPAN_ROWS} "
                        "(one program holds every (head, slot) row of a group)")
-    return reasons
+    return reasons or _misfit(problem, group_spans_default, group_spans_check)
 
 
 def group_spans_check(problem: Problem, config: KernelConfig) -> str | None:
     """Why a group_spans configuration cannot build or run well (GPU only): the grouped resource
-    rules, or its (head, slot) rows' accumulator and scores past the registers of its warps."""
+    register rule, its (head, slot) rows' accumulator and scores past the registers of its warps, or
+    its tiles past the shared memory (num_stages K/V buffers: no stage is saved as in grouped's loop)."""
     if not problem.device.is_gpu:
         return None
     rows = span_rows(problem.rep, problem.spans)
@@ -122,7 +131,8 @@ def group_spans_check(problem: Problem, config: KernelConfig) -> str | None:
     if per_thread > MAX_VALUES_PER_THREAD:
         return (f"registers: about {per_thread:.0f} fp32 values per thread for {rows} span rows' accumulator and "
                 f"scores ({config.block_k}-key blocks) on {config.num_warps} warps (limit {MAX_VALUES_PER_THREAD})")
-    return resource_check(2, problem, config)
+    return register_reason(2, problem, config) or decode_shared_reason(
+        problem, config.block_k, config.num_stages, rows, f"{config.num_stages} stages of K/V tiles and {rows} span rows")
 
 
 def tc_reasons(tiles: dict, default, problem: Problem) -> list[str]:
@@ -164,18 +174,53 @@ def resource_check(tiles: int, problem: Problem, config: KernelConfig) -> str | 
     if not problem.device.is_gpu:
         return None
     block_d = next_power_of_two(problem.head_dim)
+    return register_reason(tiles, problem, config) or _shared_reason(
+        max(config.num_stages - 1, 1) * 2 * config.block_k * block_d * _element(problem),
+        f"{config.num_stages} stages of K/V tiles", problem)
+
+
+def register_reason(tiles: int, problem: Problem, config: KernelConfig) -> str | None:
+    """Why ``tiles`` [block_k x D] fp32 tiles spill on the config's warps, if they do (GPU only)."""
+    block_d = next_power_of_two(problem.head_dim)
     per_thread = tiles * config.block_k * block_d / (32 * config.num_warps)
-    if per_thread > MAX_VALUES_PER_THREAD:
+    if problem.device.is_gpu and per_thread > MAX_VALUES_PER_THREAD:
         return (
             f"registers: about {per_thread:.0f} fp32 values per thread for {tiles} [{config.block_k} x {block_d}] "
             f"tiles on {config.num_warps} warps (limit {MAX_VALUES_PER_THREAD})"
         )
-    element = 4 if problem.dtype == "float32" else 2
-    shared = max(config.num_stages - 1, 1) * 2 * config.block_k * block_d * element
+    return None
+
+
+def decode_shared_reason(problem: Problem, block_k: int, buffers: int, rows: int, what: str) -> str | None:
+    """Why a tensor-core decode program does not fit the GPU's shared memory (GPU only): ``buffers``
+    [block_k, D] K and V tiles, its [rows, D] queries and [rows, block_k] weights staged for the dots,
+    and ``DECODE_SHARED_SLACK``. Against sm_90 compiles of model M's grouped, stripe_spans and
+    group_spans kernels (every block_k and num_stages, bf16, masked or not) it is the compiled size
+    or up to about rows x block_k x 2 + 1 KB above it, never below."""
+    block_d = next_power_of_two(problem.head_dim)
+    shared = (buffers * 2 * block_k * block_d + rows * (block_d + block_k)) * _element(problem) + DECODE_SHARED_SLACK
+    return _shared_reason(shared, what, problem) if problem.device.is_gpu else None
+
+
+def _element(problem: Problem) -> int:
+    return 4 if problem.dtype == "float32" else 2
+
+
+def _shared_reason(shared: int, what: str, problem: Problem) -> str | None:
     limit = SHARED_MEMORY_BYTES.get(problem.device.arch, DEFAULT_SHARED_MEMORY_BYTES)
     if shared > limit:
-        return f"shared memory: about {shared} bytes for {config.num_stages} stages of K/V tiles > {limit} on {problem.device.arch}"
+        return f"shared memory: about {shared} bytes for {what} > {limit} on {problem.device.arch}"
     return None
+
+
+def grouped_check(problem: Problem, config: KernelConfig, block_k: int | None = None) -> str | None:
+    """Why a grouped configuration cannot build or run well (GPU only): two [block_k x D] fp32 tiles
+    past the registers of its warps, or its span program's pipelined K/V tiles (num_stages - 1
+    buffers, Triton's pipelining) and its head rows past the shared memory (``block_k``: the key
+    block, when a part of the kernel takes wider ones than the config's)."""
+    rows = max(next_power_of_two(problem.rep), MIN_DOT)
+    return register_reason(2, problem, config) or decode_shared_reason(
+        problem, block_k or config.block_k, max(config.num_stages - 1, 1), rows, f"{config.num_stages} stages of K/V tiles")
 
 
 # Per tensor-core kernel part: (fp32 register values, shared-memory elements) of one program as a
@@ -262,7 +307,7 @@ def grouped_default(problem: Problem) -> KernelConfig:
     sweep, docs/benchmarks/h200-decode-sweep.json) and span chunks that give about four programs
     per multiprocessor."""
     spans = problem.batch * problem.q_heads * problem.spans
-    return _decode_default(problem, span_length(problem.factors, problem.keys), spans, partial(resource_check, 2))
+    return _decode_default(problem, span_length(problem.factors, problem.keys), spans, grouped_check)
 
 
 def stripe_spans_default(problem: Problem) -> KernelConfig:
@@ -285,18 +330,17 @@ def _decode_default(problem: Problem, span_keys: int, spans: int, check, longer_
     """The grouped decodes' heuristic: 64-key tiles (32 past D = 128), 4 warps, chunks of ``spans``
     spans of ``span_keys`` keys that give about four programs per multiprocessor (with
     ``longer_chunks``, doubled up to ``span_keys`` until ``check`` passes), and the most stages up to
-    3 that ``check`` passes."""
-    from .decode.grouped_kernels import span_chunk_length  # imports Triton on first use only
-
+    3 that ``check`` passes, on narrower key tiles (down to 16) where not even one stage does."""
     block_k = 64 if problem.head_dim <= 128 else 32
-    chunk = span_chunk_length(span_keys, spans, max(problem.device.multiprocessors, 1), block_k)
-    for stages in (3, 2, 1):
-        config = KernelConfig(block_k=block_k, num_warps=4, num_stages=stages, chunk=chunk)
-        while longer_chunks and check(problem, config) is not None and config.chunk < span_keys:
-            config = config.replace(chunk=2 * config.chunk)
-        if stages == 1 or check(problem, config) is None:
-            return config
-    raise AssertionError("unreachable")
+    while True:
+        chunk = span_chunk_length(span_keys, spans, max(problem.device.multiprocessors, 1), block_k)
+        for stages in (3, 2, 1):
+            config = KernelConfig(block_k=block_k, num_warps=4, num_stages=stages, chunk=chunk)
+            while longer_chunks and check(problem, config) is not None and config.chunk < span_keys:
+                config = config.replace(chunk=2 * config.chunk)
+            if check(problem, config) is None or (stages == 1 and block_k == MIN_DOT):
+                return config
+        block_k //= 2
 
 
 def tc_forward_default(problem: Problem) -> KernelConfig:

@@ -46,6 +46,7 @@ from .variant_rules import (
     group_spans_check,
     group_spans_default,
     group_spans_reasons,
+    grouped_check,
     grouped_default,
     grouped_reasons,
     no_check,
@@ -258,7 +259,7 @@ REGISTRY.register(Variant(
 ))
 REGISTRY.register(Variant(
     op=STAGED_DECODE, name="grouped", launch=grouped_decode, space=GROUPED_SPACE, reasons=grouped_reasons,
-    compile_check=partial(resource_check, 2), default=grouped_default,
+    compile_check=grouped_check, default=grouped_default,
     priority=0,  # fastest decode variant at every context measured on the H200 (docs/benchmarks/h200-decode-compare.json)
     description="stripe search and window once per KV group, spans in tensor-core chunks, merged by the last: two launches",
 ))

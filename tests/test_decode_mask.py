@@ -39,7 +39,7 @@ def masked(x: DecodeInputs, kinds: tuple[str, str], gen: torch.Generator, dtype:
     rows = torch.nn.functional.pad(rows, (0, extra_columns))
     if dtype == torch.bool:
         return replace(x, mask=rows)
-    nonzero = torch.randint(1, 3, rows.shape, generator=gen) * (256 if dtype == torch.int64 else 1)
+    nonzero = torch.randint(1, 3, rows.shape, generator=gen) << (32 if dtype == torch.int64 else 8 if dtype == torch.int32 else 0)
     return replace(x, mask=torch.where(rows, nonzero, 0).to(dtype))
 
 
@@ -70,7 +70,7 @@ def test_masked_full_context_matches_oracle(variant, kinds, gen: torch.Generator
 @pytest.mark.parametrize("variant", VARIANTS, ids=IDS)
 @pytest.mark.parametrize("dtype", [torch.int64, torch.int32, torch.uint8], ids=str)
 def test_integer_masks_mean_nonzero_and_may_be_longer_than_the_keys(variant, dtype, gen: torch.Generator) -> None:
-    """Integer keep-masks with values such as 256 (no byte of the mask alone says 'allowed'), and
+    """Integer keep-masks with values such as 2**32 (int64: nonzero in the high word alone) or 256, and
     masked columns past Lkv, give the bool mask's result."""
     x = make_decode_inputs(CASE, gen)
     as_bool = masked(x, ("holes", "left_padding"), torch.Generator().manual_seed(1))

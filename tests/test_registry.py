@@ -95,3 +95,28 @@ def test_variant_names_and_registration_rules() -> None:
         registry.register(Variant(**{**variant.__dict__, "op": "nope"}))
     with pytest.raises(KeyError, match="span_forward has: reference"):
         registry.get("span_forward", "missing")
+
+
+# Shared memory of decode kernels compiled for sm_90 (exp tool: triton.compile of the launch as a GPU
+# specialises it; the H100's OutOfResources messages gave the same bytes): model M, 4K, bf16.
+SM90_DECODE_SHARED = [  # (variant, masked, block_k, num_stages, compiled bytes): limit 232,448
+    ("grouped", True, 64, 8, 235640), ("grouped", True, 64, 7, 202848), ("grouped", False, 128, 4, 204856),
+    ("stripe_spans", True, 64, 8, 235640), ("stripe_spans", True, 16, 8, 62072),
+    ("stripe_spans", False, 16, 8, 235520), ("stripe_spans", False, 32, 6, 169984),  # unmasked: 64-key window blocks
+    ("group_spans", True, 64, 8, 278528), ("group_spans", True, 128, 4, 278656), ("group_spans", True, 256, 2, 278784),
+    ("group_spans", True, 64, 6, 212992), ("group_spans", True, 128, 3, 213120),
+]
+
+
+@pytest.mark.parametrize(("name", "masked", "block_k", "stages", "compiled"), SM90_DECODE_SHARED)
+def test_decode_shared_memory_estimates_follow_sm90_compiles(name, masked, block_k, stages, compiled) -> None:
+    """The decode variants' static check rejects exactly the configurations whose compiled kernel
+    needs more shared memory than sm_90 has (the sanitize sweep met them as OutOfResources), on 8
+    warps so that no register rule decides first."""
+    p = problem(op="staged_decode", device=H200, head_dim=128, dtype="bfloat16", q_heads=32, kv_heads=2, spans=3,
+                queries=1, keys=4096, factors=(3.0, 1.0, 0.55))._replace(masked=masked)
+    reason = REGISTRY.get("staged_decode", name).compile_check(p, KernelConfig(block_k=block_k, num_warps=8, num_stages=stages, chunk=256))
+    if compiled > 232448:
+        assert reason is not None and "shared memory" in reason, reason
+    else:
+        assert reason is None, reason

@@ -400,7 +400,7 @@ def record_inputs(path: str) -> None:
     original_run = runner.run
 
     def recording_run(variant, config, problem, x, parts):
-        holes = () if x.mask is None else tuple((~x.mask).sum(dim=1).tolist())
+        holes = () if x.mask is None else tuple((x.mask == 0).sum(dim=1).tolist())  # any mask dtype
         seen.append((int(x.cache_position[-1]), holes))
         with open(path, "a") as log:
             log.write(json.dumps(seen[-1]) + "\n")
@@ -550,3 +550,33 @@ def test_a_retune_measures_the_winner_stored_before_again(tmp_path, decode_workl
     assert study.user_attrs.get(EARLIER) == study.trials[1].params  # summarise keeps it without the margin
     assert earlier_winner_params(case.problem, "no_such_variant", old) is None
     assert earlier_winner_params(case.problem, variant.name, old.replace(block_k=512)) is None
+
+
+@pytest.mark.parametrize("where", ["store", "shipped file"])
+def test_a_gpu_without_its_own_winner_measures_the_one_a_sibling_gpu_won(tmp_path, decode_workload, monkeypatch, where) -> None:
+    """With no entry for its own GPU, a study's second trial is the winner another GPU of the same
+    architecture stored (in the store, else in a shipped file), with no claim to have won here (no
+    EARLIER); an entry of another architecture is no sibling."""
+    from superlinear_ops.cache import yaml_file
+    from superlinear_ops.tuner import tune as tune_module
+    from superlinear_ops.tuner.search import EARLIER
+
+    case = load(decode_workload).cases(device_identity(CPU))[0]
+    variant = REGISTRY.fallback(case.problem)
+    default = variant.default(case.problem)
+    won = default.replace(block_k=32, num_warps=2)
+    key = key_of(case.problem)
+    sibling = make_entry(key=key._replace(device="Sibling CPU"), variant=variant.name, config=won)
+    stranger = make_entry(key=key._replace(device="Another CPU", arch="other"), variant=variant.name, config=won.replace(num_warps=1))
+    cache, storage, shipped = str(tmp_path / "c.sqlite"), str(tmp_path / "studies.sqlite"), tmp_path / "shipped.yaml"
+    with Store.writer(cache) as store:
+        if where == "store":
+            store.put_many([sibling, stranger])
+    yaml_file.write([sibling, stranger] if where == "shipped file" else [], shipped)
+    monkeypatch.setattr(tune_module, "shipped_files", lambda: [shipped])
+    settings = SearchSettings(trials=2, seed=0)
+    tune(str(decode_workload), settings=settings, storage=storage, cache=cache, device=CPU, progress=False)
+    study = optuna.load_study(study_name=study_name(key, settings), storage=open_storage(storage))
+    name = variant.name
+    assert [t.params for t in study.trials[:2]] == [{"variant": name, **{f"{name}.{k}": v for k, v in c.items()}} for c in (default, won)]
+    assert study.user_attrs.get(EARLIER) is None

@@ -183,6 +183,23 @@ def test_a_candidate_that_goes_wrong_on_a_later_launch_is_caught(tmp_path) -> No
     assert len(calls) == 2
 
 
+def test_masked_decode_checks_catch_an_int64_mask_read_by_its_low_word(tmp_path) -> None:
+    """Model code passes int64 masks. A masked decode problem's checks include one whose kept
+    entries are 2**32: a candidate that reads it as 32-bit words (every key then hidden) fails."""
+    def low_word(q1, q2, k, v, cache_position, mask, settings, config):
+        narrowed = mask.to(torch.int32) if mask is not None and mask.dtype == torch.int64 else mask
+        return _planted_launch(q1, q2, k, v, cache_position, narrowed, settings, config)
+
+    workload = tmp_path / "masked.yaml"
+    workload.write_text(WORKLOAD.replace("{context: 64}", "{context: 64, mask: [ones, holes]}"))
+    bench = ProblemBench(load(workload).cases(device_identity(CPU))[0], CPU, seed=0)
+    wide = [x.mask for x, _ in bench.checks if x.mask is not None and x.mask.dtype == torch.int64]
+    assert len(wide) == 1 and bool((wide[0] != 0).any()) and not bool((wide[0].to(torch.int32) != 0).any())
+    assert bench.check(PLANTED, _config(OK)) < 1e-4
+    with pytest.raises(CandidateFailed, match="wrong result"):
+        bench.check(_variant(low_word), _config(OK))
+
+
 @pytest.mark.parametrize(("error", "category", "sticky"), [
     (OutOfResources(262144, 232448, "shared memory"), faults.RESOURCE_LIMIT, False),
     (torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB"), faults.RESOURCE_LIMIT, False),

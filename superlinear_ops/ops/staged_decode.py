@@ -42,8 +42,14 @@ class StagedDecode(OpSpec):
         return decode_step(case, x, case.cache_fill, (case.mask_kinds or (None,))[0], gen)
 
     def variations(self, case, x: Inputs, gen, timed: bool) -> list[Inputs]:
+        """Timed: every other (fill, mask kind) of the case. Checked: every other mask kind, and a
+        masked problem's mask again as int64 (what Hugging Face passes; the kernels read 8-byte
+        entries their own way) whose kept entries are 2**32, nonzero in the high word alone."""
         pairs = case.timed_inputs()[1:] if timed else [(None, kind) for kind in case.mask_kinds[1:]]
-        return [decode_step(case, x, fill, kind, gen) for fill, kind in pairs]
+        steps = [decode_step(case, x, fill, kind, gen) for fill, kind in pairs]
+        if not timed and x.mask is not None:
+            steps.append(replace(x, mask=x.mask.to(torch.int64) << 32))
+        return steps
 
     def run(self, variant, config, problem, x: Inputs, parts):
         return (variant.launch(x.q1, x.q, x.k, x.v, x.cache_position, x.mask, SpanSettings.of_problem(problem), config),)

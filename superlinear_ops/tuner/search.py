@@ -175,13 +175,15 @@ def run_search(
     on_failure: Callable[[str, KernelConfig, Failure], None] | None = None,
     on_trial: Callable[[optuna.trial.FrozenTrial], None] | None = None,
     earlier: dict | None = None,
+    sibling: dict | None = None,
 ) -> None:
     """Run (or resume) the search of one problem until it has ``settings.trials`` finished trials.
 
     The default runs first, then ``earlier`` (trial parameters of a winner stored before, kept on
-    the study as ``EARLIER`` when the study begins), each once per study. ``known`` failures (by
-    variant and configuration text) are recorded failed without running; ``on_failure`` hears of
-    every new failure.
+    the study as ``EARLIER`` when the study begins), then ``sibling`` (a winner measured on another
+    GPU of the architecture: a start, with no claim to have won here), each once per study (a
+    queued trial counts). ``known`` failures (by variant and configuration text) are recorded
+    failed without running; ``on_failure`` hears of every new failure.
     """
     variants = {v.name: v for v in tunable_variants(problem)}
     if not variants:
@@ -190,7 +192,7 @@ def run_search(
     # study's own unconfirmed best (an interrupted run stores it), which must not pass for a winner stored before.
     if EARLIER not in study.user_attrs and not study.get_trials(deepcopy=False):
         study.set_user_attr(EARLIER, earlier)
-    for params in (default_params(problem), earlier):
+    for params in (default_params(problem), earlier, sibling):
         if params is not None and not any(t.system_attrs.get("fixed_params", t.params) == params and INTERRUPTED not in t.user_attrs
                                           for t in study.get_trials(deepcopy=False)):
             study.enqueue_trial(params)

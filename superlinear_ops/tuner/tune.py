@@ -12,7 +12,9 @@ and in the store (``--cache``), and a candidate the store says failed (same vari
 Triton) is recorded failed again without running. A winner other than the default is timed again
 beside the default (``confirm_winner``) and stored only when it is clearly faster there (or, when it is
 the winner stored as its study began, measured again after a change of code, when it is faster there at
-all); a run interrupted before its confirmation stores its best trial as measured.
+all); a run interrupted before its confirmation stores its best trial as measured. A problem with no
+winner of its own measures, after the default, the one another GPU of its architecture won
+(``sibling_winner``: what the dispatcher would borrow), so a new GPU's search starts from it.
 
 Ctrl-C stops a run cleanly: the trial it interrupts is marked ``interrupted`` (no result; it runs
 again on resume), the winners found so far are stored, and a one-line message replaces the
@@ -42,9 +44,10 @@ from optuna.trial import TrialState
 from sqlalchemy.exc import IntegrityError, OperationalError, ProgrammingError
 from tqdm import tqdm
 
-from ..buckets import key_of
+from ..buckets import ProblemKey, key_of
+from ..cache import yaml_file
 from ..cache.entry import TunedEntry
-from ..cache.layers import search_label
+from ..cache.layers import search_label, shipped_files
 from ..cache.provenance import current_provenance
 from ..cache.store import Store, sqlite_path
 from ..kernels.launch import KernelConfig
@@ -309,6 +312,19 @@ def tune(
     return results
 
 
+def sibling_winner(store: Store, key: ProblemKey) -> TunedEntry | None:
+    """A winner for ``key``'s problem measured on another GPU of its architecture, the one the
+    dispatcher would borrow: from the store, else from the files shipped with the package (one
+    that cannot be read is passed over). A GPU with no winner of its own measures it early."""
+    found = store.entries_for_arch(key)
+    for path in [] if found else shipped_files():
+        try:
+            found += [e for e in yaml_file.read(path) if e.key.device != key.device and e.key._replace(device=key.device) == key]
+        except (ValueError, OSError) as err:
+            log.warning("shipped file %s passed over for sibling winners: %s", path, err)
+    return min(found, key=lambda e: e.key.device, default=None)
+
+
 def _search_cases(cases: list[Case], studies: list[optuna.Study], settings: SearchSettings, device: torch.device,
                   cache: str | None, setup: Callable[[], None] | None, bar: tqdm | None = None) -> None:
     """Run every case's search with one worker process (respawned after crashes and timeouts);
@@ -325,9 +341,11 @@ def _search_cases(cases: list[Case], studies: list[optuna.Study], settings: Sear
             worker.prepare(case, baseline_candidate(study, case.problem), parts_tuned_here(case.problem, tuned))
             stored = store.get(key.text())
             earlier = None if stored is None else earlier_winner_params(case.problem, stored.variant, stored.config)
+            sibling = None if stored is not None else sibling_winner(store, key)
             run_search(study, case.problem, worker.evaluate, settings, known=failures.known(key),
                        on_failure=lambda name, config, failure, key=key: failures.record(key, name, config, failure),
-                       on_trial=None if bar is None else lambda _t: bar.update(1), earlier=earlier)
+                       on_trial=None if bar is None else lambda _t: bar.update(1), earlier=earlier,
+                       sibling=None if sibling is None else earlier_winner_params(case.problem, sibling.variant, sibling.config))
             confirm_winner(case, study, worker.evaluate)
             _, winner = summarise(case, study)
             if winner is not None:
