@@ -195,8 +195,9 @@ def decode_shared_reason(problem: Problem, block_k: int, buffers: int, rows: int
     """Why a tensor-core decode program does not fit the GPU's shared memory (GPU only): ``buffers``
     [block_k, D] K and V tiles, its [rows, D] queries and [rows, block_k] weights staged for the dots,
     and ``DECODE_SHARED_SLACK``. Against sm_90 compiles of model M's grouped, stripe_spans and
-    group_spans kernels (every block_k and num_stages, bf16, masked or not) it is the compiled size
-    or up to about rows x block_k x 2 + 1 KB above it, never below."""
+    group_spans kernels (every block_k and num_stages, bf16, masked or not) it refuses exactly those
+    compiled past the limit. Far from it the estimate can be off either way: one-stage loops compile
+    smaller, group_spans' smallest tiles compile to a 48 KB floor."""
     block_d = next_power_of_two(problem.head_dim)
     shared = (buffers * 2 * block_k * block_d + rows * (block_d + block_k)) * _element(problem) + DECODE_SHARED_SLACK
     return _shared_reason(shared, what, problem) if problem.device.is_gpu else None
