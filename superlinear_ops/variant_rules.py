@@ -137,12 +137,7 @@ def group_spans_check(problem: Problem, config: KernelConfig) -> str | None:
 
 def tc_reasons(tiles: dict, default, problem: Problem) -> list[str]:
     """Why a tensor-core variant cannot serve ``problem``: the Triton rules, or no tiling that fits."""
-    reasons = triton_reasons(problem)
-    if not reasons:
-        misfit = tile_check(tiles, problem, default(problem))
-        if misfit is not None:
-            reasons.append(f"even the smallest tensor-core tiles do not fit: {misfit}")
-    return reasons
+    return triton_reasons(problem) or _misfit(problem, default, lambda p, config: tile_check(tiles, p, config))
 
 
 def always_applies(problem: Problem) -> list[str]:

@@ -69,22 +69,9 @@ class EntryLayer:
     def lookup(self, key: ProblemKey, borrow: bool = False) -> LayerAnswer:
         """The usable entry for ``key`` (with ``borrow``: the first usable one tuned on another GPU
         of the key's architecture), or a miss saying why."""
-        with self._lock:
-            if self._broken is not None:
-                return LayerAnswer(None, f"unavailable ({self._broken})")
-            try:
-                found = self._fetch_borrowable(key) if borrow else [self._fetch(key)]
-            except AbsentSource as absent:
-                return LayerAnswer(None, str(absent))
-            except (StoreError, SQLAlchemyError, ValueError, OSError) as err:
-                self._broken = str(err)
-                warnings.warn(
-                    f"superlinear-ops: tuned cache {self.where} cannot be read ({err}); using the next layer",
-                    CacheWarning,
-                    stacklevel=2,
-                )
-                return LayerAnswer(None, f"unavailable ({err})")
-        found = [entry for entry in found if entry is not None]
+        found = self._read(key, borrow)
+        if isinstance(found, str):
+            return LayerAnswer(None, found)
         if not found:
             return LayerAnswer(None, f"no entry in {self.where}")
         reasons = []
@@ -95,6 +82,31 @@ class EntryLayer:
                 return LayerAnswer(TunedChoice(entry.variant, entry.config, context_of(entry)), self.where, lender)
             reasons.append(reason if not borrow else f"{entry.key.device}: {reason}")
         return LayerAnswer(None, f"entry in {self.where} skipped: {'; '.join(reasons)}")
+
+    def sibling_entries(self, key: ProblemKey) -> list[TunedEntry]:
+        """Every entry for ``key`` tuned on another GPU of its architecture, usable here or not (a
+        stale one too: the tuner measures it again), by GPU name; none where the source cannot be read."""
+        found = self._read(key, borrow=True)
+        return [] if isinstance(found, str) else found
+
+    def _read(self, key: ProblemKey, borrow: bool) -> list[TunedEntry] | str:
+        """The entries ``lookup`` weighs, or why the source cannot be read (a broken one warns once)."""
+        with self._lock:
+            if self._broken is not None:
+                return f"unavailable ({self._broken})"
+            try:
+                found = self._fetch_borrowable(key) if borrow else [self._fetch(key)]
+            except AbsentSource as absent:
+                return str(absent)
+            except (StoreError, SQLAlchemyError, ValueError, OSError) as err:
+                self._broken = str(err)
+                warnings.warn(
+                    f"superlinear-ops: tuned cache {self.where} cannot be read ({err}); using the next layer",
+                    CacheWarning,
+                    stacklevel=3,
+                )
+                return f"unavailable ({err})"
+        return [entry for entry in found if entry is not None]
 
 
 class StoreLayer(EntryLayer):

@@ -45,9 +45,8 @@ from sqlalchemy.exc import IntegrityError, OperationalError, ProgrammingError
 from tqdm import tqdm
 
 from ..buckets import ProblemKey, key_of
-from ..cache import yaml_file
 from ..cache.entry import TunedEntry
-from ..cache.layers import search_label, shipped_files
+from ..cache.layers import SHIPPED_PACKAGE, YamlLayer, search_label, shipped_files
 from ..cache.provenance import current_provenance
 from ..cache.store import Store, sqlite_path
 from ..kernels.launch import KernelConfig
@@ -312,17 +311,11 @@ def tune(
     return results
 
 
-def sibling_winner(store: Store, key: ProblemKey) -> TunedEntry | None:
-    """A winner for ``key``'s problem measured on another GPU of its architecture, the one the
-    dispatcher would borrow: from the store, else from the files shipped with the package (one
-    that cannot be read is passed over). A GPU with no winner of its own measures it early."""
-    found = store.entries_for_arch(key)
-    for path in [] if found else shipped_files():
-        try:
-            found += [e for e in yaml_file.read(path) if e.key.device != key.device and e.key._replace(device=key.device) == key]
-        except (ValueError, OSError) as err:
-            log.warning("shipped file %s passed over for sibling winners: %s", path, err)
-    return min(found, key=lambda e: e.key.device, default=None)
+def sibling_winner(store: Store, shipped: YamlLayer, key: ProblemKey) -> TunedEntry | None:
+    """A winner for ``key``'s problem measured on another GPU of its architecture, as the dispatcher
+    would borrow one: from the store, else from the files shipped with the package (stale ones
+    too: measured again here). A GPU with no winner of its own measures it early."""
+    return next(iter(store.entries_for_arch(key) or shipped.sibling_entries(key)), None)
 
 
 def _search_cases(cases: list[Case], studies: list[optuna.Study], settings: SearchSettings, device: torch.device,
@@ -332,6 +325,7 @@ def _search_cases(cases: list[Case], studies: list[optuna.Study], settings: Sear
     with Store.writer(cache) as store, CandidateWorker(device, settings.seed, settings.candidate_timeout_s, setup) as worker, \
             _quiet_interrupts():
         failures = FailureLog(store)
+        shipped = YamlLayer("shipped", shipped_files, f"package {SHIPPED_PACKAGE}")  # read once, when first asked
         tuned: dict = {}  # problem key -> this run's winner (variant name, configuration)
         for case, study in zip(cases, studies):
             key = key_of(case.problem)
@@ -341,7 +335,7 @@ def _search_cases(cases: list[Case], studies: list[optuna.Study], settings: Sear
             worker.prepare(case, baseline_candidate(study, case.problem), parts_tuned_here(case.problem, tuned))
             stored = store.get(key.text())
             earlier = None if stored is None else earlier_winner_params(case.problem, stored.variant, stored.config)
-            sibling = None if stored is not None else sibling_winner(store, key)
+            sibling = None if stored is not None else sibling_winner(store, shipped, key)
             run_search(study, case.problem, worker.evaluate, settings, known=failures.known(key),
                        on_failure=lambda name, config, failure, key=key: failures.record(key, name, config, failure),
                        on_trial=None if bar is None else lambda _t: bar.update(1), earlier=earlier,
