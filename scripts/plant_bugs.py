@@ -265,6 +265,7 @@ PLANTS = {
     "sorted rows: window dQ stored at the sorted place": (WTB, "rows = tl.where(row_ok, row_base + tl.load(perm_ptr + sorted_idx, mask=row_ok, other=0), -1)", "rows = tl.where(row_ok, row_base + sorted_idx, -1)", "tests/test_span_tc_backward.py -k descriptors"),
     "TMA: window dK/dV query tile read one row late": (WTB, "q = q_desc.load([(row_base + t * BLOCK_M).to(tl.int32), 0])", "q = q_desc.load([(row_base + t * BLOCK_M + 1).to(tl.int32), 0])", "tests/test_span_tc_backward.py -k descriptors"),
     "TMA: window dK/dV dO* tile of the next tile": (WTB, "dos = do_desc.load([(row_base + t * BLOCK_M).to(tl.int32), 0])", "dos = do_desc.load([(row_base + t * BLOCK_M + BLOCK_M).to(tl.int32), 0])", "tests/test_span_tc_backward.py -k descriptors"),
+    "TMA: window dK/dV keeps the next head's dO* rows": (WTB, "dos = tl.where((sorted_idx < L_Q)[:, None], dos, 0.0)", "dos = dos", "tests/test_span_tc_backward.py -k non_finite"),
     "window dK/dV pointer rows: c of the next row": (WTB, "c = tl.load(c_ptr + row_base + sorted_idx, mask=row_ok, other=float(\"inf\"))", "c = tl.load(c_ptr + row_base + sorted_idx + 1, mask=row_ok, other=float(\"inf\"))", "tests/test_span_tc_backward.py -k descriptors"),
     "window dK/dV: full tiles from a tile whose first row misses the block's last key": (WTB, "(first_pos < key_hi)", "(first_pos < key_hi - 1)", f"{WFULL}"),
     "window dK/dV: full tiles up to a tile whose last window misses the block's first key": (WTB, "(last_pos - WINDOW + 1 <= key_lo)", "(last_pos - WINDOW <= key_lo)", f"{WFULL}"),
@@ -290,8 +291,11 @@ PLANTS = {
     "hardening: topk not clamped to the stripes": (SETTINGS, "return settings if torch.compiler.is_compiling() else settings.for_keys(key_length)", "return settings", f"{INPUTS} -k huge_topk"),
     "decode checks: the int64 mask holds only 0 and 1": ("superlinear_ops/ops/staged_decode.py", "x.mask.to(torch.int64) << 32", "x.mask.to(torch.int64)", "tests/test_tuner_isolation.py -k low_word"),
     "tuner: a sibling GPU's winner is not measured": ("superlinear_ops/tuner/tune.py", "sibling = None if stored is not None else sibling_winner(store, shipped, key)", "sibling = None", "tests/test_tuner.py -k sibling"),
+    "tuner: the borrowed sibling winner needs the margin": ("superlinear_ops/tuner/tune.py", 'confirmed["params"] in (study.user_attrs.get(EARLIER), study.user_attrs.get(SIBLING))', 'confirmed["params"] == study.user_attrs.get(EARLIER)', "tests/test_tuner.py -k side_by_side"),
+    "tuner: the sibling winner is not recorded on the study": ("superlinear_ops/tuner/search.py", "study.set_user_attr(SIBLING, sibling)", "study.set_user_attr(SIBLING, None)", "tests/test_tuner.py -k sibling"),
     "decode shared memory: one K/V buffer short": ("superlinear_ops/variant_rules.py", "shared = (buffers * 2 * block_k", "shared = ((buffers - 1) * 2 * block_k", "tests/test_registry.py -k sm90"),
     "decode shared memory: 64-key window blocks ignored": ("superlinear_ops/variant_rules.py", "config.block_k if problem.masked else max(config.block_k, WINDOW_CHUNK)", "config.block_k", "tests/test_registry.py -k sm90"),
+    "decode: an int64 mask's entries read for the next block": (G, "allowed_keys(mask_row_ptr, start, hi, offs), qk_scale", "allowed_keys(mask_row_ptr, start + BLOCK_K, hi, offs), qk_scale", "tests/test_decode_mask.py -k 'integer and int64'"),
     "arch table: positions compiled as int64 pointers": ("superlinear_ops/arch_compile.py", '"suffix_ptr", "spos_ptr", "cache_pos_ptr"})', '"suffix_ptr"})', "tests/test_arch_check.py -k pointer_types"),
 }
 

@@ -287,14 +287,7 @@ def test_bad_config_names_the_key(name: str) -> None:
         span_backward_tc(geo, {key: val for key, val in SMALL.items() if key != name}, out, lse, out)
 
 
-# Known bug, fixed where the shipped training entries are re-tuned (a device session): through TMA an edge
-# tile's rows past L_Q are the next head's dO*, and their zero weights times its NaN are NaN. The fix
-# (in _dkdv_tiles, ``if ROW_MASK: dos = tl.where((sorted_idx < L_Q)[:, None], dos, 0.0)`` after the
-# descriptor load) re-hashes the four shipped span_backward entries, so it lands with their re-tune.
-LEAKS_THROUGH_TMA = pytest.mark.xfail(strict=True, reason="window dK/dV: TMA edge tiles keep the next head's dO* NaN")
-
-
-@pytest.mark.parametrize("tma", [0, pytest.param(1, marks=LEAKS_THROUGH_TMA)])
+@pytest.mark.parametrize("tma", [0, 1])
 @pytest.mark.parametrize("batch_row, head", [(0, 2), (1, 0)], ids=["next-group", "next-batch-row"])
 def test_non_finite_output_gradient_stays_in_its_head(tma: int, batch_row: int, head: int, gen: torch.Generator,
                                                       monkeypatch) -> None:

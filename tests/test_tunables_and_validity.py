@@ -158,21 +158,6 @@ def test_another_gpu_of_the_architecture_borrows_the_entry(tmp_path) -> None:
     assert other_arch.choice.source == HEURISTIC
 
 
-def test_shipped_h200_entries_serve_an_h100() -> None:
-    """The shipped file answers every model-M problem for an H100 identity, marked as borrowed."""
-    from superlinear_ops.cache.layers import shipped_files
-    from superlinear_ops.cache.provenance import major_minor, triton_version
-    from superlinear_ops.tuner.workload import load
-
-    entries = yaml_file.read(ROOT / "cache" / "nvidia-h200.yaml")
-    if {major_minor(e.provenance.triton_version) for e in entries} != {major_minor(triton_version())}:
-        pytest.skip("the shipped entries are valid only with the Triton they were measured with")
-    dispatcher = Dispatcher(REGISTRY, [YamlLayer("shipped", shipped_files, "package")])
-    for case in load(ROOT / "tuning" / "superlinear-exp-v0.1.yaml").cases(H100):
-        explanation = dispatcher.explain(case.problem)
-        assert explanation.choice.source == "shipped, borrowed from NVIDIA H200", (case.label, explanation.text())
-
-
 # --- rules read only what the key holds ---------------------------------------------------------
 
 

@@ -449,19 +449,22 @@ def _study_with(case, trials: list[tuple[dict, float]]) -> optuna.Study:
     return study
 
 
-@pytest.mark.parametrize("retimed, earlier, stored", [({"default": 1.0, "other": 1.2}, False, "default"),
-                                                      ({"default": 1.0, "other": 0.97}, False, "default"),  # within the margin
-                                                      ({"default": 1.0, "other": 0.8}, False, "other"),
-                                                      ({"default": 1.0, "other": 0.97}, True, "other"),  # stored before
-                                                      ({"default": 1.0, "other": 1.01}, True, "default")])
-def test_a_winner_is_stored_only_when_faster_than_the_default_side_by_side(decode_workload, retimed, earlier,
+@pytest.mark.parametrize("retimed, ran_before, stored", [({"default": 1.0, "other": 1.2}, None, "default"),
+                                                         ({"default": 1.0, "other": 0.97}, None, "default"),  # within the margin
+                                                         ({"default": 1.0, "other": 0.8}, None, "other"),
+                                                         ({"default": 1.0, "other": 0.97}, "earlier_winner", "other"),
+                                                         ({"default": 1.0, "other": 1.01}, "earlier_winner", "default"),
+                                                         ({"default": 1.0, "other": 0.97}, "sibling_winner", "other"),
+                                                         ({"default": 1.0, "other": 1.01}, "sibling_winner", "default")])
+def test_a_winner_is_stored_only_when_faster_than_the_default_side_by_side(decode_workload, retimed, ran_before,
                                                                            stored) -> None:
     """A default timed slow once (a cold GPU) loses the study to another configuration; the
     confirmation times both again, interleaved, and the default is stored unless the other is
-    faster there by more than the margin, or at all where the other is the winner stored before
-    (the study's EARLIER, as ``run_search`` records it)."""
+    faster there by more than the margin, or at all where the other is what this GPU ran when the
+    study began: the winner stored before or the sibling GPU's it borrowed (the study's EARLIER or
+    SIBLING, as ``run_search`` records them)."""
     from superlinear_ops.tuner.faults import Outcome
-    from superlinear_ops.tuner.search import EARLIER, params_of
+    from superlinear_ops.tuner.search import EARLIER, SIBLING, params_of
     from superlinear_ops.tuner.tune import CONFIRM_ROUNDS, confirm_winner, summarise
 
     case = load(decode_workload).cases(device_identity(CPU))[0]
@@ -470,8 +473,9 @@ def test_a_winner_is_stored_only_when_faster_than_the_default_side_by_side(decod
     other = default.replace(num_warps=8 if default["num_warps"] != 8 else 4)
     configs = {"default": default, "other": other}
     study = _study_with(case, [(params_of(variant, default), 5.0), (params_of(variant, other), 2.0)])
-    if earlier:
-        study.set_user_attr(EARLIER, params_of(variant, other))
+    if ran_before is not None:
+        assert ran_before in (EARLIER, SIBLING)
+        study.set_user_attr(ran_before, params_of(variant, other))
     calls = []
 
     def evaluate(name, config):
@@ -555,11 +559,11 @@ def test_a_retune_measures_the_winner_stored_before_again(tmp_path, decode_workl
 @pytest.mark.parametrize("where", ["store", "shipped file"])
 def test_a_gpu_without_its_own_winner_measures_the_one_a_sibling_gpu_won(tmp_path, decode_workload, monkeypatch, where) -> None:
     """With no entry for its own GPU, a study's second trial is the winner another GPU of the same
-    architecture stored (in the store, else in a shipped file), with no claim to have won here (no
-    EARLIER); an entry of another architecture is no sibling."""
+    architecture stored (in the store, else in a shipped file), recorded as the study's SIBLING (not
+    EARLIER: it did not win here); an entry of another architecture is no sibling."""
     from superlinear_ops.cache import yaml_file
     from superlinear_ops.tuner import tune as tune_module
-    from superlinear_ops.tuner.search import EARLIER
+    from superlinear_ops.tuner.search import EARLIER, SIBLING
 
     case = load(decode_workload).cases(device_identity(CPU))[0]
     variant = REGISTRY.fallback(case.problem)
@@ -579,4 +583,4 @@ def test_a_gpu_without_its_own_winner_measures_the_one_a_sibling_gpu_won(tmp_pat
     study = optuna.load_study(study_name=study_name(key, settings), storage=open_storage(storage))
     name = variant.name
     assert [t.params for t in study.trials[:2]] == [{"variant": name, **{f"{name}.{k}": v for k, v in c.items()}} for c in (default, won)]
-    assert study.user_attrs.get(EARLIER) is None
+    assert study.user_attrs.get(EARLIER) is None and study.user_attrs.get(SIBLING) == study.trials[1].params

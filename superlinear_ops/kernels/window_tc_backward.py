@@ -113,12 +113,15 @@ def _dkdv_tiles(
     without ``ROW_MASK`` every row of those tiles attends every key of the block (``_full_tiles``)
     and only the attention mask, if any, selects keys. With ``ROWS_TMA`` each tile's q and dO* come
     whole through the descriptors (rows past the head's last one belong to the next head or read as
-    0: their c is +inf, so p and dS are 0 there)."""
+    0: their c is +inf, so p and dS are 0 there, and an edge tile reads their dO* as 0, so that a
+    NaN there stays in its own head; q is finite, ``combine_rows_kernel`` wrote it so)."""
     for t in range(t_begin, t_end):
         sorted_idx = t * BLOCK_M + tl.arange(0, BLOCK_M)
         if ROWS_TMA:
             q = q_desc.load([(row_base + t * BLOCK_M).to(tl.int32), 0])
             dos = do_desc.load([(row_base + t * BLOCK_M).to(tl.int32), 0])
+            if ROW_MASK:  # an edge tile's rows past L_Q hold the next head's dO*: 0 x its NaN would be NaN
+                dos = tl.where((sorted_idx < L_Q)[:, None], dos, 0.0)
         else:
             q, dos = _sorted_operands(Qs_ptr, dOs_ptr, sorted_idx, L_Q, row_base, offs_d, d_mask, D_HEAD)
         c, delta, lo, hi = _sorted_stats(c_ptr, ds_ptr, spos_ptr, sorted_idx, L_Q, row_base, WINDOW)

@@ -57,6 +57,7 @@ from .known_failures import FailureLog
 from .search import (
     EARLIER,
     INTERRUPTED,
+    SIBLING,
     SearchSettings,
     baseline_candidate,
     candidate_of,
@@ -211,9 +212,11 @@ def summarise(case: Case, study: optuna.Study) -> tuple[Result, Winner | None]:
     a default that failed its check gives default_ms = inf). Where the winner was confirmed
     (``confirm_winner``), the confirmation's medians replace the trials' times, and a winner not
     ``CONFIRM_MARGIN`` faster than the default there gives way to the default (timings of small
-    kernels vary by more than that between runs, so a smaller gain is not one). The winner stored
-    before (the study's ``EARLIER``) needs no margin: it won one before, and a re-tune after a change
-    of code keeps it while it is still faster, instead of flipping to the default on a small gap."""
+    kernels vary by more than that between runs, so a smaller gain is not one). What this GPU ran
+    when the study began needs no margin: the winner stored before (the study's ``EARLIER``: a
+    re-tune after a change of code keeps it while it is still faster, instead of flipping to the
+    default on a small gap) or, with none, the sibling GPU's winner the dispatcher borrowed
+    (``SIBLING``: the default in its place would make this GPU slower than it was)."""
     trials = finished_trials(study)
     complete = [t for t in trials if t.state == TrialState.COMPLETE]
     failed = sum(t.state == TrialState.FAIL and INTERRUPTED not in t.user_attrs for t in trials)
@@ -233,7 +236,8 @@ def summarise(case: Case, study: optuna.Study) -> tuple[Result, Winner | None]:
                     float(best.user_attrs.get("max_error", math.nan)))
     confirmed = study.user_attrs.get(CONFIRMED)
     if default is not None and confirmed is not None and confirmed["params"] == best.params:
-        margin = 0.0 if confirmed["params"] == study.user_attrs.get(EARLIER) else CONFIRM_MARGIN
+        ran_before = confirmed["params"] in (study.user_attrs.get(EARLIER), study.user_attrs.get(SIBLING))
+        margin = 0.0 if ran_before else CONFIRM_MARGIN
         if confirmed["median_ms"] < confirmed["default_ms"] * (1.0 - margin):
             winner = dataclasses.replace(winner, median_ms=confirmed["median_ms"], default_ms=confirmed["default_ms"])
         else:
