@@ -296,6 +296,8 @@ PLANTS = {
     "decode shared memory: one K/V buffer short": ("superlinear_ops/variant_rules.py", "shared = (buffers * 2 * block_k", "shared = ((buffers - 1) * 2 * block_k", "tests/test_registry.py -k sm90"),
     "decode shared memory: 64-key window blocks ignored": ("superlinear_ops/variant_rules.py", "config.block_k if problem.masked else max(config.block_k, WINDOW_CHUNK)", "config.block_k", "tests/test_registry.py -k sm90"),
     "decode: an int64 mask's entries read for the next block": (G, "allowed_keys(mask_row_ptr, start, hi, offs), qk_scale", "allowed_keys(mask_row_ptr, start + BLOCK_K, hi, offs), qk_scale", "tests/test_decode_mask.py -k 'integer and int64'"),
+    "decode: a first allowed key among the mask's head is dropped": (G, "first = tl.minimum(head_first, tl.min(tl.where(allowed, keys, L_KV), axis=0))", "first = tl.min(tl.where(allowed, keys, L_KV), axis=0)", "tests/test_decode_mask.py -k key_0"),
+    "decode: a slice program reads its slice only when the head allows a key": (G, "read = (keys < limit) & (head_first == L_KV)", "read = (keys < limit) & (head_first < L_KV)", "tests/test_decode_mask.py -k first_allowed"),
     "arch table: positions compiled as int64 pointers": ("superlinear_ops/arch_compile.py", '"suffix_ptr", "spos_ptr", "cache_pos_ptr"})', '"suffix_ptr"})', "tests/test_arch_check.py -k pointer_types"),
 }
 

@@ -9,7 +9,7 @@
    group in one dot and write each head's partial softmax state (for ``stripe_spans`` under a mask
    through TMA, as its span blocks, else by pointer loads). For forward spans under a mask
    the grid also holds programs that each find the first allowed key of ``MASK_SLICE`` mask
-   entries (``span_kernel`` takes the minimum); for the ``stripe_spans`` decode
+   entries, unless one of the row's first ``MASK_HEAD`` is allowed (``span_kernel`` takes the minimum); for the ``stripe_spans`` decode
    (``stripe_spans_kernels``) it holds instead a program per chunk of every stripe's span, which
    attends it the same way (``grouped_decode_attention`` neither launches nor compiles them).
 2. ``span_kernel``, one program per (chunk, span slot, head; batch): merges the candidates into the
@@ -61,7 +61,7 @@ __all__ = ["grouped_decode_attention", "mask_operand", "span_chunk_length"]
 
 NO_ANCHOR = tl.constexpr(-1)  # candidate anchor that loses every tie (ties go to the nearest anchor: the lowest stripe)
 MASK_SLICE = 4096  # mask entries per first-allowed-key program
-MASK_HEAD = 256  # mask entries every stripe-span program reads beside its tables
+MASK_HEAD = 256  # mask entries every stripe-span program reads beside its tables, and every first-allowed-key program first
 MIN_DOT = tl.constexpr(grouped_plan.MIN_DOT)  # smallest tl.dot extent
 
 
@@ -388,14 +388,22 @@ def group_kernel(
     else:  # mask slices dealt round-robin over the groups
         # Only keys before the window count: a first allowed key at or past the window start leaves
         # no stripe valid, so no span reads it (L_KV: none found, as for an empty row). The load
-        # stops at that start rounded up to 16 keys (16-key runs keep the loads vectorised).
+        # stops at that start rounded up to 16 keys (16-key runs keep the loads vectorised). Every
+        # program reads the row's first MASK_HEAD entries (the same ones: from L2) and its own slice
+        # only when none of those is allowed: the usual row (ones, holes, short left padding) has
+        # its first allowed key there, and the rest of the mask is not read at all.
         piece = (pid - N_BLOCKS - N_WCHUNKS) * tl.num_programs(1) + group
-        keys = piece * SLICE + tl.arange(0, SLICE)
         window_start = pos + 1 - WINDOW
-        read = keys < tl.minimum((window_start + 15) // 16 * 16, L_KV)
-        allowed = read & (tl.load(mask_ptr + batch * stride_mb + keys, mask=read, other=0) != 0) & (keys < window_start)
-        tl.store(first_ptr + batch * N_SLICES + piece, tl.min(tl.where(allowed, keys, L_KV), axis=0),
-                 mask=piece < N_SLICES)
+        limit = tl.minimum((window_start + 15) // 16 * 16, L_KV)
+        mask_row = mask_ptr + batch * stride_mb
+        head = tl.arange(0, MASK_HEAD)
+        head_allowed = (head < limit) & (tl.load(mask_row + head, mask=head < limit, other=0) != 0) & (head < window_start)
+        head_first = tl.min(tl.where(head_allowed, head, L_KV), axis=0)
+        keys = piece * SLICE + tl.arange(0, SLICE)
+        read = (keys < limit) & (head_first == L_KV)
+        allowed = read & (tl.load(mask_row + keys, mask=read, other=0) != 0) & (keys < window_start)
+        first = tl.minimum(head_first, tl.min(tl.where(allowed, keys, L_KV), axis=0))
+        tl.store(first_ptr + batch * N_SLICES + piece, first, mask=piece < N_SLICES)
 
 
 @triton.jit
