@@ -144,7 +144,8 @@ def test_grouped_pointer_loads_where_tma_is_not_allowed(name: str, kinds, gen: t
 @pytest.mark.parametrize("name", ["grouped", "stripe_spans"])
 def test_grouped_first_allowed_key_is_read_only_before_the_window(name: str, gen: torch.Generator, monkeypatch) -> None:
     """Left padding across many 16-entry mask slices: row 1's first allowed key lies in its eighth
-    slice, and row 0 allows nothing before the window (no stripe, window only)."""
+    slice, past the 16-entry mask head every program reads first (so the slice programs scan), and
+    row 0 allows nothing before the window (no stripe, window only)."""
     from superlinear_ops.decode import grouped_kernels
 
     monkeypatch.setattr(grouped_kernels, "MASK_SLICE", 16)

@@ -493,10 +493,10 @@ def test_a_winner_is_stored_only_when_faster_than_the_default_side_by_side(decod
 
 def test_the_winner_stored_before_is_recorded_once_as_the_study_begins(decode_workload) -> None:
     """An interrupted run stores its best trial unconfirmed, so on resume the store holds the study's own
-    winner: the study keeps what was stored when it began (here nothing), and that winner still needs
+    winner: the study keeps what was stored when it began (here nothing, and no sibling), and that winner still needs
     the margin."""
     from superlinear_ops.tuner.faults import Outcome
-    from superlinear_ops.tuner.search import EARLIER, SearchSettings, params_of, run_search
+    from superlinear_ops.tuner.search import EARLIER, SIBLING, SearchSettings, params_of, run_search
 
     case = load(decode_workload).cases(device_identity(CPU))[0]
     variant = REGISTRY.fallback(case.problem)
@@ -506,8 +506,8 @@ def test_the_winner_stored_before_is_recorded_once_as_the_study_begins(decode_wo
     evaluate = lambda name, config: Outcome(milliseconds=1.0, max_error=0.0)  # noqa: E731
     run_search(study, case.problem, evaluate, SearchSettings(trials=1), earlier=None)
     assert EARLIER in study.user_attrs and study.user_attrs[EARLIER] is None
-    run_search(study, case.problem, evaluate, SearchSettings(trials=2), earlier=other)  # the resume
-    assert study.user_attrs.get(EARLIER) is None
+    run_search(study, case.problem, evaluate, SearchSettings(trials=2), earlier=other, sibling=other)  # the resume
+    assert study.user_attrs.get(EARLIER) is None and study.user_attrs.get(SIBLING) is None
     assert any(t.params == other for t in study.trials), "the stored winner is still measured again"
 
 

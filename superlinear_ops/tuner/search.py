@@ -29,7 +29,7 @@ SAMPLERS = ("tpe", "random", "exhaustive")
 FINISHED = (TrialState.COMPLETE, TrialState.PRUNED, TrialState.FAIL)
 INTERRUPTED = "interrupted"  # user attribute of a trial stopped by Ctrl-C: no result, measured again
 EARLIER = "earlier_winner"  # study attribute: the trial parameters of the winner stored when the study began
-SIBLING = "sibling_winner"  # study attribute: those of the sibling GPU's winner the dispatcher borrowed then
+SIBLING = "sibling_winner"  # study attribute: those of a sibling GPU's winner, measured where EARLIER is None
 
 
 @dataclass(frozen=True)
@@ -182,8 +182,8 @@ def run_search(
 
     The default runs first, then ``earlier`` (trial parameters of a winner stored before, kept on
     the study as ``EARLIER`` when the study begins), then ``sibling`` (a winner measured on another
-    GPU of the architecture, which the dispatcher borrows until this GPU has its own: kept as
-    ``SIBLING``), each once per study (a queued trial counts). ``known`` failures (by variant and
+    GPU of the architecture, stale or not: kept as ``SIBLING``), each once per study (a queued
+    trial counts). ``known`` failures (by variant and
     configuration text) are recorded failed without running; ``on_failure`` hears of every new failure.
     """
     variants = {v.name: v for v in tunable_variants(problem)}
@@ -192,8 +192,8 @@ def run_search(
     # EARLIER and SIBLING are recorded once, as the study begins (None too): on a resumed run the store may hold
     # this study's own unconfirmed best (an interrupted run stores it), which must not pass for a winner stored before.
     if EARLIER not in study.user_attrs and not study.get_trials(deepcopy=False):
-        study.set_user_attr(EARLIER, earlier)
         study.set_user_attr(SIBLING, sibling)
+        study.set_user_attr(EARLIER, earlier)  # last: its presence says both are recorded
     for params in (default_params(problem), earlier, sibling):
         if params is not None and not any(t.system_attrs.get("fixed_params", t.params) == params and INTERRUPTED not in t.user_attrs
                                           for t in study.get_trials(deepcopy=False)):

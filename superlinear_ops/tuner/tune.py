@@ -10,11 +10,12 @@ Candidates run in a worker process (``worker.CandidateWorker``: one per tune pro
 GPU with ``--workers``); this process only drives Optuna. Every failure is recorded in the study
 and in the store (``--cache``), and a candidate the store says failed (same variant code, same
 Triton) is recorded failed again without running. A winner other than the default is timed again
-beside the default (``confirm_winner``) and stored only when it is clearly faster there (or, when it is
-the winner stored as its study began, measured again after a change of code, when it is faster there at
-all); a run interrupted before its confirmation stores its best trial as measured. A problem with no
-winner of its own measures, after the default, the one another GPU of its architecture won
-(``sibling_winner``: what the dispatcher would borrow), so a new GPU's search starts from it.
+beside the default (``confirm_winner``) and stored only when it is clearly faster there (or, when it
+won a search before, when it is faster there at all: the winner stored as its study began, measured
+again after a change of code, or, with none, the one another GPU of its architecture won); a run
+interrupted before its confirmation stores its best trial as measured. A problem with no winner of its
+own measures, after the default, that sibling GPU's winner (``sibling_winner``: what the dispatcher
+would borrow while it is current), so a new GPU's search starts from it.
 
 Ctrl-C stops a run cleanly: the trial it interrupts is marked ``interrupted`` (no result; it runs
 again on resume), the winners found so far are stored, and a one-line message replaces the
@@ -212,11 +213,12 @@ def summarise(case: Case, study: optuna.Study) -> tuple[Result, Winner | None]:
     a default that failed its check gives default_ms = inf). Where the winner was confirmed
     (``confirm_winner``), the confirmation's medians replace the trials' times, and a winner not
     ``CONFIRM_MARGIN`` faster than the default there gives way to the default (timings of small
-    kernels vary by more than that between runs, so a smaller gain is not one). What this GPU ran
-    when the study began needs no margin: the winner stored before (the study's ``EARLIER``: a
-    re-tune after a change of code keeps it while it is still faster, instead of flipping to the
-    default on a small gap) or, with none, the sibling GPU's winner the dispatcher borrowed
-    (``SIBLING``: the default in its place would make this GPU slower than it was)."""
+    kernels vary by more than that between runs, so a smaller gain is not one). A configuration
+    that won a search before needs no margin, only to be faster side by side: the winner stored
+    before (the study's ``EARLIER``: a re-tune after a change of code keeps it while it is still
+    faster, instead of flipping to the default on a small gap) or, with none, a sibling GPU's
+    winner (``SIBLING``: the same compiled code won on the same architecture; the margin would
+    hand a new GPU the default where the sibling's choice is measured faster)."""
     trials = finished_trials(study)
     complete = [t for t in trials if t.state == TrialState.COMPLETE]
     failed = sum(t.state == TrialState.FAIL and INTERRUPTED not in t.user_attrs for t in trials)
