@@ -62,9 +62,11 @@ def restore_cache():
 
 
 def test_tune_quick_workload_end_to_end(tmp_path, restore_cache) -> None:
-    cache = tmp_path / "cache.sqlite"
-    results = tune(str(QUICK), settings=SearchSettings(trials=3, seed=1), storage=str(tmp_path / "studies.sqlite"),
-                   cache=str(cache), device=CPU, progress=False)
+    """Every problem gets 3 trials that ran; configurations the static check refused (some problems
+    draw them) come on top, with their reason, and the entry records every finished trial."""
+    cache, storage = tmp_path / "cache.sqlite", str(tmp_path / "studies.sqlite")
+    settings = SearchSettings(trials=3, seed=1)
+    results = tune(str(QUICK), settings=settings, storage=storage, cache=str(cache), device=CPU, progress=False)
     cases = unique_cases(load(QUICK).cases(device_identity(CPU)))
     assert [r.label for r in results] == [c.label for c in cases]
     with Store.reader(cache) as store:
@@ -72,11 +74,14 @@ def test_tune_quick_workload_end_to_end(tmp_path, restore_cache) -> None:
     assert set(entries) == {key_of(c.problem) for c in cases}
     for result, case in zip(results, cases):
         entry = entries[key_of(case.problem)]
-        assert result.trials == 3 and 0 < result.best_ms < float("inf") and 0 < result.default_ms < float("inf")
+        trials = optuna.load_study(study_name=study_name(key_of(case.problem), settings), storage=open_storage(storage)).trials
+        assert len(_counted(trials)) == 3 and result.trials == entry.trials == len(trials)
+        assert 0 < result.best_ms < float("inf") and 0 < result.default_ms < float("inf")
         assert entry.median_ms == pytest.approx(result.best_ms) and entry.default_ms == pytest.approx(result.default_ms)
+    assert any(r.pruned for r in results), "no problem drew a refused configuration: the test shows nothing of them"
     for entry in entries.values():
         assert entry.provenance.interpreter and entry.key.arch == "interpreter"
-        assert 0 <= entry.max_error < 1e-3 and entry.sampler == "tpe" and entry.trials == 3
+        assert 0 <= entry.max_error < 1e-3 and entry.sampler == "tpe"
     superlinear_ops.use_cache(cache)
     for case in cases:
         choice = dispatch.select(case.problem)
@@ -140,12 +145,17 @@ def test_study_name_changes_with_the_search_space(decode_workload) -> None:
 
 
 def _finished(location: str) -> int:
+    """Finished trials of the storage's first study, not counting configurations the static check refused."""
     storage = open_storage(location)
     summaries = optuna.get_all_study_summaries(storage)
     if not summaries:
         return 0
     study = optuna.load_study(study_name=summaries[0].study_name, storage=storage)
-    return len(study.get_trials(states=(TrialState.COMPLETE, TrialState.FAIL, TrialState.PRUNED)))
+    return len(_counted(study.get_trials(states=(TrialState.COMPLETE, TrialState.FAIL, TrialState.PRUNED))))
+
+
+def _counted(trials: list) -> list:
+    return [t for t in trials if not t.user_attrs.get("pruned")]
 
 
 def test_resume_after_kill_9(tmp_path, decode_workload) -> None:
@@ -187,7 +197,7 @@ def test_two_workers_share_one_postgresql_study(decode_workload, postgres_url) -
     assert len(summaries) == 1  # every problem tuned once, in one shared study
     study = optuna.load_study(study_name=summaries[0].study_name, storage=postgres_url)
     finished = study.get_trials(states=(TrialState.COMPLETE, TrialState.FAIL, TrialState.PRUNED))
-    assert 6 <= len(finished) <= 7  # two workers may each finish the last trial once
+    assert 6 <= len(_counted(finished)) <= 7  # two workers may each finish the last trial once
     assert not [t for t in finished if t.state == TrialState.FAIL]
     with Store.reader(postgres_url) as store:
         assert len(store.entries()) == 1

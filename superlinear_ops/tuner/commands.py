@@ -103,7 +103,8 @@ def add_commands(commands) -> None:
         "only that trial); failures and winners go to the cache.",
     )
     _workload_arguments(tune, "where winners go: SQLite file or URL (default: the user's store)")
-    tune.add_argument("--trials", type=int, default=24, help="finished trials per problem (default 24; 0: until exhausted)")
+    tune.add_argument("--trials", type=int, default=24,
+                      help="trials per problem, not counting configurations the static check refuses (default 24; 0: until exhausted)")
     tune.add_argument("--timeout", type=float, default=None, help="seconds per problem (default: none)")
     tune.add_argument("--candidate-timeout", type=float, default=300.0, metavar="SECONDS",
                       help="seconds one candidate may take to build, check and time before its worker is killed (default 300)")

@@ -28,6 +28,8 @@ log = logging.getLogger(__name__)
 SAMPLERS = ("tpe", "random", "exhaustive")
 FINISHED = (TrialState.COMPLETE, TrialState.PRUNED, TrialState.FAIL)
 INTERRUPTED = "interrupted"  # user attribute of a trial stopped by Ctrl-C: no result, measured again
+REFUSED = "pruned"  # trial attribute: why the static check refused the configuration (it never ran)
+REFUSALS_PER_TRIAL = 3  # refused configurations a search may draw per counted trial before it stops
 EARLIER = "earlier_winner"  # study attribute: the trial parameters of the winner stored when the study began
 SIBLING = "sibling_winner"  # study attribute: those of a sibling GPU's winner, measured where EARLIER is None
 
@@ -36,7 +38,7 @@ SIBLING = "sibling_winner"  # study attribute: those of a sibling GPU's winner, 
 class SearchSettings:
     """How hard to search one problem."""
 
-    trials: int | None = 24  # total finished trials per problem (None: until the space is exhausted)
+    trials: int | None = 24  # finished trials per problem, not counting refused ones (None: until the space is exhausted)
     timeout_s: float | None = None
     sampler: str = "tpe"
     seed: int = 0
@@ -142,6 +144,20 @@ def finished_trials(study: optuna.Study) -> list[optuna.trial.FrozenTrial]:
     return study.get_trials(deepcopy=False, states=FINISHED)
 
 
+def counted_trials(study: optuna.Study) -> list[optuna.trial.FrozenTrial]:
+    """The finished trials that count against ``SearchSettings.trials``: all but the configurations
+    the static check refused, which cost no GPU time."""
+    return [t for t in finished_trials(study) if REFUSED not in t.user_attrs]
+
+
+def _stop_after(trials: int) -> Callable[[optuna.Study, optuna.trial.FrozenTrial], None]:
+    """An Optuna callback that stops the study (every worker on its storage) at ``trials`` counted trials."""
+    def stop(study: optuna.Study, _trial: optuna.trial.FrozenTrial) -> None:
+        if len(counted_trials(study)) >= trials:
+            study.stop()
+    return stop
+
+
 def _same_params(study: optuna.Study, params: dict, number: int) -> optuna.trial.FrozenTrial | None:
     for trial in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE, TrialState.FAIL, TrialState.PRUNED)):
         if trial.number != number and trial.params == params and not {"duplicate_of", INTERRUPTED} & set(trial.user_attrs):
@@ -178,7 +194,9 @@ def run_search(
     earlier: dict | None = None,
     sibling: dict | None = None,
 ) -> None:
-    """Run (or resume) the search of one problem until it has ``settings.trials`` finished trials.
+    """Run (or resume) the search of one problem until it has ``settings.trials`` counted trials
+    (``counted_trials``: a configuration the static check refuses does not count, up to
+    ``REFUSALS_PER_TRIAL`` of them per trial still to run).
 
     The default runs first, then ``earlier`` (trial parameters of a winner stored before, kept on
     the study as ``EARLIER`` when the study begins), then ``sibling`` (a winner measured on another
@@ -205,7 +223,7 @@ def run_search(
         config = KernelConfig({p.name: trial.suggest_categorical(f"{name}.{p.name}", list(p.values)) for p in variant.space})
         reason = variant.violation(config) or variant.compile_check(problem, config)
         if reason is not None:
-            trial.set_user_attr("pruned", reason)
+            trial.set_user_attr(REFUSED, reason)
             raise optuna.TrialPruned(reason)
         earlier = _same_params(study, trial.params, trial.number)
         if earlier is not None:
@@ -229,10 +247,11 @@ def run_search(
 
     callbacks = []
     if settings.trials is not None:
-        callbacks.append(optuna.study.MaxTrialsCallback(settings.trials, states=FINISHED))
-        remaining = settings.trials - len(finished_trials(study))
+        remaining = settings.trials - len(counted_trials(study))
         if remaining <= 0:
             return
+        callbacks.append(_stop_after(settings.trials))
+        remaining *= 1 + REFUSALS_PER_TRIAL  # the most this run draws: each refused draw is one more
     else:
         remaining = None
     if on_trial is not None:

@@ -58,10 +58,12 @@ from .known_failures import FailureLog
 from .search import (
     EARLIER,
     INTERRUPTED,
+    REFUSED,
     SIBLING,
     SearchSettings,
     baseline_candidate,
     candidate_of,
+    counted_trials,
     default_params,
     earlier_winner_params,
     finished_trials,
@@ -337,14 +339,14 @@ def _search_cases(cases: list[Case], studies: list[optuna.Study], settings: Sear
             key = key_of(case.problem)
             if bar is not None:
                 bar.set_postfix_str(case.label)
-                bar.update(len(finished_trials(study)))
+                bar.update(len(counted_trials(study)))
             worker.prepare(case, baseline_candidate(study, case.problem), parts_tuned_here(case.problem, tuned))
             stored = store.get(key.text())
             earlier = None if stored is None else earlier_winner_params(case.problem, stored.variant, stored.config)
             sibling = None if stored is not None else sibling_winner(store, shipped, key)
             run_search(study, case.problem, worker.evaluate, settings, known=failures.known(key),
                        on_failure=lambda name, config, failure, key=key: failures.record(key, name, config, failure),
-                       on_trial=None if bar is None else lambda _t: bar.update(1), earlier=earlier,
+                       on_trial=None if bar is None else lambda t: bar.update(REFUSED not in t.user_attrs), earlier=earlier,
                        sibling=None if sibling is None else earlier_winner_params(case.problem, sibling.variant, sibling.config))
             confirm_winner(case, study, worker.evaluate)
             _, winner = summarise(case, study)
