@@ -291,6 +291,7 @@ PLANTS = {
     "hardening: topk not clamped to the stripes": (SETTINGS, "return settings if torch.compiler.is_compiling() else settings.for_keys(key_length)", "return settings", f"{INPUTS} -k huge_topk"),
     "decode checks: the int64 mask holds only 0 and 1": ("superlinear_ops/ops/staged_decode.py", "x.mask.to(torch.int64) << 32", "x.mask.to(torch.int64)", "tests/test_tuner_isolation.py -k low_word"),
     "tuner: a sibling GPU's winner is not measured": ("superlinear_ops/tuner/tune.py", "sibling = None if stored is not None else sibling_winner(store, shipped, key)", "sibling = None", "tests/test_tuner.py -k sibling"),
+    "dispatcher: a borrowed entry passes for the GPU's own": ("superlinear_ops/cache/layers.py", "lender = entry.key.device if borrow else None", "lender = None", "tests/test_shipped_cache.py"),
     "tuner: refused configurations use up trials": ("superlinear_ops/tuner/search.py", "return [t for t in finished_trials(study) if REFUSED not in t.user_attrs]", "return finished_trials(study)", "tests/test_tuner.py -k end_to_end"),
     "tuner: the borrowed sibling winner needs the margin": ("superlinear_ops/tuner/tune.py", 'confirmed["params"] in (study.user_attrs.get(EARLIER), study.user_attrs.get(SIBLING))', 'confirmed["params"] == study.user_attrs.get(EARLIER)', "tests/test_tuner.py -k side_by_side"),
     "tuner: the sibling winner is not recorded on the study": ("superlinear_ops/tuner/search.py", "study.set_user_attr(SIBLING, sibling)", "study.set_user_attr(SIBLING, None)", "tests/test_tuner.py -k sibling"),
