@@ -155,7 +155,10 @@ def _finished(location: str) -> int:
 
 
 def _counted(trials: list) -> list:
-    return [t for t in trials if not t.user_attrs.get("pruned")]
+    """The trials that count against the budget: not those the static check refused."""
+    from superlinear_ops.tuner.search import REFUSED
+
+    return [t for t in trials if REFUSED not in t.user_attrs]
 
 
 def test_resume_after_kill_9(tmp_path, decode_workload) -> None:

@@ -240,8 +240,8 @@ def summarise(case: Case, study: optuna.Study) -> tuple[Result, Winner | None]:
                     float(best.user_attrs.get("max_error", math.nan)))
     confirmed = study.user_attrs.get(CONFIRMED)
     if default is not None and confirmed is not None and confirmed["params"] == best.params:
-        ran_before = confirmed["params"] in (study.user_attrs.get(EARLIER), study.user_attrs.get(SIBLING))
-        margin = 0.0 if ran_before else CONFIRM_MARGIN
+        won_before = confirmed["params"] in (study.user_attrs.get(EARLIER), study.user_attrs.get(SIBLING))
+        margin = 0.0 if won_before else CONFIRM_MARGIN
         if confirmed["median_ms"] < confirmed["default_ms"] * (1.0 - margin):
             winner = dataclasses.replace(winner, median_ms=confirmed["median_ms"], default_ms=confirmed["default_ms"])
         else:
