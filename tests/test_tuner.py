@@ -22,9 +22,9 @@ from superlinear_ops.buckets import key_of
 from superlinear_ops.cache.store import Store, StoreError
 from superlinear_ops.cli import main
 from superlinear_ops.kernels.launch import KernelConfig
-from superlinear_ops.problem import STAGED_DECODE, device_identity
+from superlinear_ops.problem import STAGED_DECODE, DeviceIdentity, device_identity
 from superlinear_ops.registry import REGISTRY, Param, Variant
-from superlinear_ops.tuner.bench import DENSE_BACKENDS
+from superlinear_ops.tuner.bench import DENSE_BACKENDS, lower_bound
 from superlinear_ops.tuner.search import SearchSettings, study_name
 from superlinear_ops.tuner.tune import open_storage, tune, unique_cases
 from superlinear_ops.tuner.workload import WorkloadError, load
@@ -252,6 +252,21 @@ def test_shipped_workloads_load() -> None:
     labels = [c.label for c in model.cases(device_identity(CPU))]
     assert "decode 1048576" in labels and "prefill 8192 over 131072" in labels and "training 16384 backward" in labels
     assert model.params.label == "float0.55" and model.cases(device_identity(CPU))[0].problem.window == 2032
+
+
+def test_lower_bound_has_ceilings_for_each_device_machines_gpu() -> None:
+    """The H200 and the H100 have measured ceilings (the H100's bandwidth is the lower, so its bound is
+    the longer); a GPU with none gets nan and says why, never another GPU's figures."""
+    workload = load(str(pathlib.Path(__file__).resolve().parent.parent / "tuning" / "superlinear-exp-v0.1.yaml"))
+
+    def bound(gpu: str) -> tuple[float, str]:
+        case = next(c for c in workload.cases(DeviceIdentity(gpu, "sm_90", 132)) if c.label == "decode 65536")
+        return lower_bound(case)
+
+    (h200, _), (h100, basis) = bound("NVIDIA H200"), bound("NVIDIA H100 80GB HBM3")
+    assert 0 < h200 < h100 < float("inf") and "3.0 TB/s" in basis
+    unknown, why = bound("NVIDIA H800")
+    assert unknown != unknown and "no peak figures" in why
 
 
 def test_verify_and_bench_commands(tmp_path, capsys, monkeypatch, decode_workload, restore_cache) -> None:

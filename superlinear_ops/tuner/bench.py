@@ -20,8 +20,9 @@ from .workload import Case, load
 
 log = logging.getLogger(__name__)
 
-# Ceilings measured on an H200 (KINDS.md, SPEC section 5): copy bandwidth and bf16 tensor-core rate.
-PEAKS = {"NVIDIA H200": (4.3e12, 790e12)}
+# Ceilings measured on the device machines (their KINDS.md; for the H200 also SPEC section 5): copy
+# bandwidth and bf16 tensor-core rate.
+PEAKS = {"NVIDIA H200": (4.3e12, 790e12), "NVIDIA H100 80GB HBM3": (3.0e12, 798e12)}
 
 
 @dataclass(frozen=True)
