@@ -5,8 +5,8 @@ all ones, 10% holes, 100 left-padded keys (bool masks, and the same masks as int
 passes them). Each row has: the public API's decode step (the dispatcher's choice) replayed from a
 CUDA graph (median of do_bench over replays, L2 flushed), checked against the float64 reference
 first; its kernels one by one (profiler); dense SDPA on the same inputs with each backend forced
-(the fastest named); the lower bound (bytes every implementation must move over the GPU's
-datasheet bandwidth: 4.8 TB/s on an H200, 3.35 TB/s on an H100); the
+(the fastest named); the lower bound (``bench``'s: the bytes every implementation must move over
+the GPU's measured copy bandwidth, or its FLOPs over the tensor-core rate, whichever is longer); the
 largest difference between a graph replay and an eager call on fresh queries; and ``explain``.
 Every row of ours is timed before any dense backend runs (their slow backends leave the GPU slower
 for a while), so every row's inputs stay on the GPU until the end (about 13 GB at 1M).
@@ -28,13 +28,12 @@ from superlinear_ops import dispatch
 from superlinear_ops.ops.inputs import Inputs
 from superlinear_ops.ops.spec import grouped_heads
 from superlinear_ops.problem import device_identity
-from superlinear_ops.tuner.bench import DENSE_BACKENDS, time_backends, traffic
+from superlinear_ops.tuner.bench import DENSE_BACKENDS, lower_bound, time_backends
 from superlinear_ops.tuner.runner import ProblemBench, measure
 from superlinear_ops.tuner.workload import Case, load
 
 CONTEXTS = (4096, 65536, 1048576)
 MASKS = (("no mask", None), ("mask of ones", "ones"), ("10% holes", "holes"), ("100 left-padded keys", "left_padding"))
-DATASHEET_BANDWIDTH = {"NVIDIA H200": 4.8e12, "NVIDIA H100 80GB HBM3": 3.35e12}  # bytes per second: the lower bound's
 BACKENDS = (*DENSE_BACKENDS, "MATH")
 
 
@@ -92,9 +91,7 @@ def measure_row(case: Case, label: str, mask_dtype: torch.dtype, device: torch.d
         "choice": f"{choice.variant.name} {choice.config.text()}", "source": choice.source, "rule": explanation.rule,
         "explain": explanation.text(),
     }
-    bytes_ = traffic(case)[0]
-    bandwidth = DATASHEET_BANDWIDTH.get(torch.cuda.get_device_name(device), float("nan"))
-    row["lower_bound_ms"], row["lower_bound_bytes"], row["lower_bound_bandwidth"] = bytes_ / bandwidth * 1e3, bytes_, bandwidth
+    row["lower_bound_ms"], row["lower_bound_basis"] = lower_bound(case)
     row["replay_vs_eager_max_abs"] = replay_vs_eager(call, x, device)
     return row, x
 
