@@ -257,7 +257,7 @@ def test_shipped_workloads_load() -> None:
 def test_lower_bound_has_ceilings_for_each_device_machines_gpu() -> None:
     """The H200 and the H100 have measured ceilings (the H100's bandwidth is the lower, so its bound is
     the longer); a GPU with none gets nan and says why, never another GPU's figures."""
-    workload = load(str(pathlib.Path(__file__).resolve().parent.parent / "tuning" / "superlinear-exp-v0.1.yaml"))
+    workload = load(ROOT / "tuning" / "superlinear-exp-v0.1.yaml")
 
     def bound(gpu: str) -> tuple[float, str]:
         case = next(c for c in workload.cases(DeviceIdentity(gpu, "sm_90", 132)) if c.label == "decode 65536")

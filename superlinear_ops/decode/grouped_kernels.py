@@ -9,9 +9,10 @@
    group in one dot and write each head's partial softmax state (for ``stripe_spans`` under a mask
    through TMA, as its span blocks, else by pointer loads). For forward spans under a mask
    the grid also holds programs that each find the first allowed key of ``MASK_SLICE`` mask
-   entries, unless one of the row's first ``MASK_HEAD`` is allowed (``span_kernel`` takes the minimum); for the ``stripe_spans`` decode
-   (``stripe_spans_kernels``) it holds instead a program per chunk of every stripe's span, which
-   attends it the same way (``grouped_decode_attention`` neither launches nor compiles them).
+   entries, unless one of the row's first ``MASK_HEAD`` is allowed (``span_kernel`` takes the
+   minimum); for the ``stripe_spans`` decode (``stripe_spans_kernels``) it holds instead a program
+   per chunk of every stripe's span, which attends it the same way (``grouped_decode_attention``
+   neither launches nor compiles them).
 2. ``span_kernel``, one program per (chunk, span slot, head; batch): merges the candidates into the
    head's global top-``TOPK`` (highest score first; among ties the nearest anchor, i.e. the lowest
    stripe), turns its slot's anchor into the span [qstart, qend] with the exact span-length tables
