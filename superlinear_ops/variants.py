@@ -273,8 +273,9 @@ REGISTRY.register(Variant(
 REGISTRY.register(Variant(
     op=STAGED_DECODE, name="group_spans", launch=group_spans_decode, space=GROUP_SPANS_SPACE,
     reasons=group_spans_reasons, compile_check=group_spans_check, default=group_spans_default,
-    # 1.65x to 1.8x slower than grouped on an H100 (docs/device-runs/h100-session33.txt, h100-session35.txt):
-    priority=4,  # the tuner chooses it where it wins
+    # After every other kernel decode: 1.65x to 1.8x slower than grouped on an H100 (docs/device-runs/
+    # h100-session33.txt, h100-session35.txt); the tuner still chooses it where it wins.
+    priority=4,
     description="stripe search and window once per KV group, then per chunk of key positions every chosen span of "
     "the group's heads, each key read once for all of them: two launches",
 ))
