@@ -6,6 +6,9 @@ it reaches (by name, attribute of a package module, import inside a function bod
 together with the package-level constants it reads. Comments, docstrings and formatting do not
 change the hash, and neither does the Python version (the shipped caches are tuned under one and
 used under others); any change to code that runs does, and only for the variants that reach it.
+Where the code lives does not enter it: no module name, and an ``import`` inside a function body
+counts by the names it binds, not the module it reads them from, so moving code between modules
+keeps every tuned entry current.
 """
 
 from __future__ import annotations
@@ -50,6 +53,12 @@ def _docstring_starts(tree: ast.AST) -> set[tuple[int, int]]:
     return starts
 
 
+def _import_paths(tree: ast.AST) -> list[tuple[tuple[int, int], tuple[int, int]]]:
+    """Where each ``from MODULE import`` of ``tree`` names its module: from ``from`` up to ``import``."""
+    return [((node.lineno, node.col_offset), (node.lineno, node.col_offset + len("from") + 1 + node.level + len(node.module or "")))
+            for node in ast.walk(tree) if isinstance(node, ast.ImportFrom)]
+
+
 @functools.lru_cache(maxsize=None)
 def _source(obj: object) -> tuple[str, ast.AST]:
     """(normalised source, syntax tree) of ``obj``: its tokens' text without comments, docstrings
@@ -57,10 +66,13 @@ def _source(obj: object) -> tuple[str, ast.AST]:
     source = textwrap.dedent(inspect.getsource(obj))
     tree = ast.parse(source)
     docstrings = _docstring_starts(tree)
+    import_paths = _import_paths(tree)
     lines = source.splitlines(keepends=True)
     kept = []
     for token in tokenize.generate_tokens(io.StringIO(source).readline):
         if token.type in _SKIPPED_TOKENS or (token.type == tokenize.STRING and token.start in docstrings):
+            continue
+        if any(start <= token.start < end for start, end in import_paths):
             continue
         (row, col), (end_row, end_col) = token.start, token.end
         text = lines[row - 1][col:end_col] if row == end_row else (
@@ -107,13 +119,18 @@ def _digest_into(digest, obj: object, seen: set[int]) -> None:
         return
     seen.add(id(obj))
     if isinstance(obj, functools.partial):
-        digest.update(repr((obj.args, sorted(obj.keywords.items()))).encode())
+        for name, arg in (*enumerate(obj.args), *sorted(obj.keywords.items())):
+            digest.update(repr(name).encode())
+            if isinstance(arg, _CONSTANTS):
+                digest.update(repr(arg).encode())
+            else:
+                _digest_into(digest, arg, seen)
         _digest_into(digest, obj.func, seen)
         return
     target = _python_function(obj)
     if not (inspect.isfunction(target) or inspect.isclass(target)) or not _in_package(target):
         return
-    digest.update(f"{target.__module__}.{target.__qualname__}:{_source(target)[0]}".encode())
+    digest.update(_source(target)[0].encode())
     for ref in _references(target):
         if isinstance(ref, _CONSTANTS):
             digest.update(repr(ref).encode())

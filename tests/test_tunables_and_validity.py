@@ -132,6 +132,30 @@ def test_hash_ignores_comments_and_docstrings_and_follows_code(tmp_path) -> None
     assert changed == {v.qualified_name for v in REGISTRY.variants("span_backward") if v.baseline}
 
 
+def test_hash_follows_the_code_not_where_it_lives(tmp_path) -> None:
+    """Moving shared kernel helpers to a module of another name (every import rewritten) changes no
+    variant's hash; a real change in a moved helper still changes the hashes of the variants that use it."""
+    package = tmp_path / "superlinear_ops"
+    shutil.copytree(ROOT / "superlinear_ops", package, ignore=shutil.ignore_patterns("__pycache__"))
+    before = _hashes(tmp_path)
+    helpers = package / "kernels" / "common.py"
+    moved = package / "shared_tile_helpers.py"
+    moved.write_text(helpers.read_text())
+    helpers.unlink()
+    for path in package.rglob("*.py"):
+        text = path.read_text()
+        edited = text.replace("from .common import", "from ..shared_tile_helpers import").replace(
+            "from ..kernels.common import", "from ..shared_tile_helpers import")
+        if edited != text:
+            path.write_text(edited)
+    assert _hashes(tmp_path) == before
+
+    _edit(moved, "        out = tl.dot(a, b, input_precision=\"ieee\")\n", "        out = tl.dot(a, b, input_precision=\"ieee\") * 1.0\n")
+    changed = {name for name, value in _hashes(tmp_path).items() if value != before[name]}
+    assert "span_forward/tc_tiles" in changed and "attention_layer/stripe_tiles" in changed
+    assert "span_forward/per_query_span" not in changed  # it never calls tc_dot
+
+
 # --- borrowing across GPUs of one architecture ------------------------------------------------------
 
 
