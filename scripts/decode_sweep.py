@@ -23,7 +23,7 @@ import torch
 from decode_compare import kernel_times
 
 from superlinear_ops import dispatch
-from superlinear_ops.kernels.launch import KernelConfig
+from superlinear_ops.launch import KernelConfig
 from superlinear_ops.problem import STAGED_DECODE, device_identity
 from superlinear_ops.registry import REGISTRY
 from superlinear_ops.tuner.bench import lower_bound

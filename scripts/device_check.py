@@ -18,9 +18,9 @@ import triton
 from triton.testing import do_bench
 
 from superlinear_ops import decode_span_attention_staged_gqa, fused_span_attention_gqa, geometry
-from superlinear_ops.kernels.launch import KernelConfig, LaunchGeometry
-from superlinear_ops.kernels.span_forward import span_forward
-from superlinear_ops.reference import decode_reference, span_forward_reference
+from superlinear_ops.launch import KernelConfig, LaunchGeometry
+from superlinear_ops.ops.span_attention.per_query_forward import span_forward
+from superlinear_ops.ops.span_attention.reference import decode_reference, span_forward_reference
 from superlinear_ops.registry import REGISTRY
 
 DEV = torch.device("cuda")

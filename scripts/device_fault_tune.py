@@ -31,7 +31,7 @@ from optuna.trial import TrialState
 
 from superlinear_ops.buckets import key_of
 from superlinear_ops.cache.store import Store
-from superlinear_ops.kernels.launch import KernelConfig
+from superlinear_ops.launch import KernelConfig
 from superlinear_ops.problem import STAGED_DECODE, device_identity
 from superlinear_ops.registry import REGISTRY, Param, Variant
 from superlinear_ops.tuner.faults import CRASH

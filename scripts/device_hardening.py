@@ -21,9 +21,9 @@ if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
 from superlinear_ops import decode_span_attention_staged_gqa, fused_span_attention_gqa, geometry, superlinear_attention  # noqa: E402
-from superlinear_ops.kernels.launch import LaunchGeometry  # noqa: E402
+from superlinear_ops.launch import LaunchGeometry  # noqa: E402
+from superlinear_ops.ops.span_attention.reference import span_forward_reference  # noqa: E402
 from superlinear_ops.problem import SPAN_BACKWARD, SPAN_FORWARD, STAGED_DECODE, Problem  # noqa: E402
-from superlinear_ops.reference import span_forward_reference  # noqa: E402
 from superlinear_ops.registry import REGISTRY  # noqa: E402
 from superlinear_ops.settings import SpanSettings  # noqa: E402
 

@@ -24,11 +24,11 @@ if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
 from superlinear_ops import decode_span_attention_staged_gqa, fused_span_attention_gqa, superlinear_attention  # noqa: E402
-from superlinear_ops.kernels.launch import KernelConfig, LaunchGeometry  # noqa: E402
-from superlinear_ops.kernels.span_tc_backward import SPAN_TC_BACKWARD_DEFAULTS, span_backward_tc  # noqa: E402
-from superlinear_ops.kernels.span_tc_forward import span_forward_tc  # noqa: E402
+from superlinear_ops.launch import KernelConfig, LaunchGeometry  # noqa: E402
+from superlinear_ops.ops.span_attention.reference import span_backward_reference, span_forward_reference  # noqa: E402
+from superlinear_ops.ops.span_attention.tile_backward import SPAN_TC_BACKWARD_DEFAULTS, span_backward_tc  # noqa: E402
+from superlinear_ops.ops.span_attention.tile_forward import span_forward_tc  # noqa: E402
 from superlinear_ops.problem import SPAN_BACKWARD, Problem  # noqa: E402
-from superlinear_ops.reference import span_backward_reference, span_forward_reference  # noqa: E402
 from superlinear_ops.registry import REGISTRY  # noqa: E402
 from superlinear_ops.tuner.sanitize import covering_configs  # noqa: E402
 

@@ -30,15 +30,15 @@ from prefill_compare import bench, profile, time_few  # this folder's model-M co
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from superlinear_ops import geometry, torch_ops
-from superlinear_ops.kernels.launch import KernelConfig
-from superlinear_ops.layer.attention import spans_of_anchors
-from superlinear_ops.layer.composition import attention_layer
-from superlinear_ops.layer.search import search_reference
-from superlinear_ops.layer.search_kernel import search_default, tiled_search
-from superlinear_ops.layer.stripe_tile_search import stripe_tile_default, stripe_tile_search
+from superlinear_ops.launch import KernelConfig
 from superlinear_ops.layer_api import superlinear_attention
 from superlinear_ops.ops.inputs import decode_mask
-from superlinear_ops.reference import span_forward_reference
+from superlinear_ops.ops.layer.composition import attention_layer
+from superlinear_ops.ops.layer.steps import spans_of_anchors
+from superlinear_ops.ops.layer_search.reference import search_reference
+from superlinear_ops.ops.layer_search.stripe_tile_search import stripe_tile_default, stripe_tile_search
+from superlinear_ops.ops.layer_search.tiled_search import search_default, tiled_search
+from superlinear_ops.ops.span_attention.reference import span_forward_reference
 from superlinear_ops.settings import SpanSettings
 
 HQ, HKV, D, TOPK = 32, 2, 128, 3

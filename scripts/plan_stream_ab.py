@@ -19,7 +19,8 @@ import torch
 from layer_compare import captured, interleaved_ab, public_call, warm_gpu  # this folder's model-M helpers
 from prefill_compare import bench, profile
 
-from superlinear_ops.kernels import side_stream, span_tc_forward
+from superlinear_ops.ops import side_stream
+from superlinear_ops.ops.span_attention import tile_forward as span_tc_forward
 
 CASES = [(8192, 16384, False), (8192, 139264, False), (8192, 1048576, False), (32768, 1048576, False),
          (4096, 4096, True), (16384, 16384, True), (65536, 65536, True)]

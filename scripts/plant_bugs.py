@@ -22,38 +22,38 @@ import sys
 import tempfile
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
-F = "superlinear_ops/kernels/span_forward.py"
-B = "superlinear_ops/kernels/span_backward.py"
-C = "superlinear_ops/kernels/common.py"
-DEC = "superlinear_ops/decode/staged.py"
-GATE = "superlinear_ops/decode/gate.py"
-G = "superlinear_ops/decode/grouped_kernels.py"
-SS = "superlinear_ops/decode/stripe_spans_kernels.py"
-GS = "superlinear_ops/decode/group_spans_kernels.py"
-S = "superlinear_ops/decode/search_kernel.py"
-SPLIT = "superlinear_ops/decode/split_window_kernels.py"
-TCF = "superlinear_ops/kernels/span_tc_forward.py"
-WIN = "superlinear_ops/kernels/window_attention.py"
+F = "superlinear_ops/ops/span_attention/per_query_forward.py"
+B = "superlinear_ops/ops/span_attention/per_query_backward.py"
+C = "superlinear_ops/ops/kernel_helpers.py"
+DEC = "superlinear_ops/ops/staged_decode/staged.py"
+GATE = "superlinear_ops/ops/staged_decode/gate_step.py"
+G = "superlinear_ops/ops/staged_decode/grouped_kernels.py"
+SS = "superlinear_ops/ops/staged_decode/stripe_spans_kernels.py"
+GS = "superlinear_ops/ops/staged_decode/group_spans_kernels.py"
+S = "superlinear_ops/ops/staged_decode/stripe_search_kernel.py"
+SPLIT = "superlinear_ops/ops/staged_decode/split_window_kernels.py"
+TCF = "superlinear_ops/ops/span_attention/tile_forward.py"
+WIN = "superlinear_ops/ops/span_attention/window_forward.py"
 SAN = "superlinear_ops/tuner/sanitize.py"
-TILES = "superlinear_ops/kernels/span_tiles.py"
-TCB = "superlinear_ops/kernels/span_tc_backward.py"
+TILES = "superlinear_ops/ops/span_attention/span_tiles.py"
+TCB = "superlinear_ops/ops/span_attention/tile_backward.py"
 GEO = "superlinear_ops/geometry.py"
-REF = "superlinear_ops/reference.py"
+REF = "superlinear_ops/ops/span_attention/reference.py"
 VARIANTS = "tests/test_variants.py"
-LSK = "superlinear_ops/layer/search_kernel.py"
-LSR = "superlinear_ops/layer/search.py"
-STS = "superlinear_ops/layer/stripe_tile_search.py"
+LSK = "superlinear_ops/ops/layer_search/tiled_search.py"
+LSR = "superlinear_ops/ops/layer_search/reference.py"
+STS = "superlinear_ops/ops/layer_search/stripe_tile_search.py"
 TUNE = "superlinear_ops/tuner/tune.py"
 SEARCH = "superlinear_ops/tuner/search.py"
 SHAPES = "tests/test_layer_search_shapes.py"
-LATT = "superlinear_ops/layer/attention.py"
-LGK = "superlinear_ops/layer/gate_kernel.py"
-LGO = "superlinear_ops/layer/gate_ops.py"
+LATT = "superlinear_ops/ops/layer/steps.py"
+LGK = "superlinear_ops/ops/gate/kernels.py"
+LGO = "superlinear_ops/ops/gate/names.py"
 LAYER = "tests/test_layer.py"
 GATES = "tests/test_gate_variants.py"
 FWD = f"{VARIANTS} -k span_forward"
-LAUNCH = "superlinear_ops/kernels/launch.py"
-WTB = "superlinear_ops/kernels/window_tc_backward.py"
+LAUNCH = "superlinear_ops/launch.py"
+WTB = "superlinear_ops/ops/span_attention/window_backward.py"
 WFULL = "tests/test_span_tc_backward.py -k full_tiles"
 WTABLES = "tests/test_span_tc_backward.py -k window_tables"
 API = "superlinear_ops/api.py"
@@ -63,7 +63,7 @@ TORCH_OPS = "superlinear_ops/torch_ops.py"
 INPUTS = "tests/test_hardening_inputs.py"
 BWD = f"{VARIANTS} -k span_backward"
 TCF_TESTS = "tests/test_span_tc_forward.py"
-LSP = "superlinear_ops/layer/spans_kernel.py"
+LSP = "superlinear_ops/ops/layer/spans_kernel.py"
 SPANS = "tests/test_layer_spans.py"
 
 
@@ -146,8 +146,8 @@ PLANTS = {
     "layer search stores its scores 1% high": (LSK, "tl.where(found, best, EMPTY_SCORE)", "tl.where(found, best * 1.01, EMPTY_SCORE)", LAYER),
     "stripe-tile search stores its scores 1% high": (STS, "tl.where(found, best, EMPTY_SCORE)", "tl.where(found, best * 1.01, EMPTY_SCORE)", LAYER),
     "layer reference search: each slot gets its neighbour's score": (LSR, "scores_kept.append(torch.where(kept, best, torch.full_like(best, EMPTY_SCORE)))", "scores_kept.append(torch.where(kept, best.roll(1, -1), torch.full_like(best, EMPTY_SCORE)))", LAYER),
-    "layer takes the search scores although Q1 needs a gradient": ("superlinear_ops/layer/composition.py", "if search_scores is not None and not requires_grad(q1, k):", "if search_scores is not None:", LAYER),
-    "layer recomputes the gate scores in a forward": ("superlinear_ops/layer/composition.py", "if search_scores is not None and not requires_grad(q1, k):", "if False:", LAYER),
+    "layer takes the search scores although Q1 needs a gradient": ("superlinear_ops/ops/layer/composition.py", "if search_scores is not None and not requires_grad(q1, k):", "if search_scores is not None:", LAYER),
+    "layer recomputes the gate scores in a forward": ("superlinear_ops/ops/layer/composition.py", "if search_scores is not None and not requires_grad(q1, k):", "if False:", LAYER),
     "layer search ignores the mask": (LSK, "valid = valid & (tl.load(mask_ptr + mask_base + loc, mask=valid, other=0) != 0)", "valid = valid", LAYER),
     "layer search keeps the first slot only": (LSK, "take = is_worst & (best_key == worst_key[:, None])", "take = is_worst & (slot == 0)", LAYER),
     "stripe-tile search ties across tiles: the nearer stripe wins": (STS, "go = present & (top >= worst)\n", "go = present & (top > worst)\n", f"{SHAPES} -k merges"),
@@ -251,10 +251,10 @@ PLANTS = {
     "layer spans kernel: position not clamped to the keys": (LSP, "pos = tl.minimum(tl.maximum(pos, 0), L_KV - 1)", "pos = tl.maximum(pos, 0)", SPANS),
     "layer spans kernel: first allowed key of the wrong row": (LSP, "first = tl.load(first_ptr + offs // ROW, mask=live, other=0)", "first = tl.load(first_ptr + 0 * offs, mask=live, other=0)", SPANS),
     "layer spans kernel: last program's tail unwritten": (LSP, "live = offs < N", "live = offs < N // BLOCK * BLOCK", SPANS),
-    "float64 layer's spans through the GPU path": ("superlinear_ops/layer/composition.py", "    if dtype == torch.float64:  # the float64 layer", "    if False:  # the float64 layer", f"{LAYER} -k float64"),
-    "side stream: no allocator mark for the current stream": ("superlinear_ops/kernels/side_stream.py", "            tensor.record_stream(self._main)", "            pass", "tests/test_side_stream.py"),
-    "side stream: no fork before the side stream's launches": ("superlinear_ops/kernels/side_stream.py", "            self._fork.side.wait_event(self._fork.forked)", "            pass", "tests/test_side_stream.py"),
-    "side stream: the pool's current stream used as the side stream": ("superlinear_ops/kernels/side_stream.py", "        while side == main:", "        while False:", "tests/test_side_stream.py"),
+    "float64 layer's spans through the GPU path": ("superlinear_ops/ops/layer/composition.py", "    if dtype == torch.float64:  # the float64 layer", "    if False:  # the float64 layer", f"{LAYER} -k float64"),
+    "side stream: no allocator mark for the current stream": ("superlinear_ops/ops/side_stream.py", "            tensor.record_stream(self._main)", "            pass", "tests/test_side_stream.py"),
+    "side stream: no fork before the side stream's launches": ("superlinear_ops/ops/side_stream.py", "            self._fork.side.wait_event(self._fork.forked)", "            pass", "tests/test_side_stream.py"),
+    "side stream: the pool's current stream used as the side stream": ("superlinear_ops/ops/side_stream.py", "        while side == main:", "        while False:", "tests/test_side_stream.py"),
     "side stream: no join before the span-tile kernel": (TCF, "    side.join(plan.order, plan.lo, plan.hi)\n    block_m, block_n", "    block_m, block_n", f"{TCF_TESTS} -k beside"),
     "side stream: the plan queued on the current stream": (TCF, "    with side:\n        plan = span_tile_plan(geo, SPAN_START_BLOCK)", "    if True:\n        plan = span_tile_plan(geo, SPAN_START_BLOCK)", f"{TCF_TESTS} -k beside"),
     "TMA: window dQ whole blocks read one key late": (WTB, "            k = k_desc.load([desc_row + tile_lo + i * BLOCK_N, 0])", "            k = k_desc.load([desc_row + tile_lo + i * BLOCK_N + 1, 0])", "tests/test_span_tc_backward.py -k descriptors"),
@@ -289,7 +289,7 @@ PLANTS = {
     "store: a rival's schema skipped and a second version row added": ("superlinear_ops/cache/store.py", "checkfirst=False)", "checkfirst=True)", "tests/test_cache_concurrency.py -k schema"),
     "tune: workers started before the store has its schema": ("superlinear_ops/tuner/tune.py", "            Store.writer(cache).close()  # create the store's schema once, before the workers start\n", "", "tests/test_tuner.py -k after_the_store"),
     "hardening: topk not clamped to the stripes": (SETTINGS, "return settings if torch.compiler.is_compiling() else settings.for_keys(key_length)", "return settings", f"{INPUTS} -k huge_topk"),
-    "decode checks: the int64 mask holds only 0 and 1": ("superlinear_ops/ops/staged_decode.py", "x.mask.to(torch.int64) << 32", "x.mask.to(torch.int64)", "tests/test_tuner_isolation.py -k low_word"),
+    "decode checks: the int64 mask holds only 0 and 1": ("superlinear_ops/ops/staged_decode/spec.py", "x.mask.to(torch.int64) << 32", "x.mask.to(torch.int64)", "tests/test_tuner_isolation.py -k low_word"),
     "tuner: a sibling GPU's winner is not measured": ("superlinear_ops/tuner/tune.py", "sibling = None if stored is not None else sibling_winner(store, shipped, key)", "sibling = None", "tests/test_tuner.py -k sibling"),
     "dispatcher: a borrowed entry passes for the GPU's own": ("superlinear_ops/cache/layers.py", "lender = entry.key.device if borrow else None", "lender = None", "tests/test_shipped_cache.py"),
     "tuner: refused configurations use up trials": ("superlinear_ops/tuner/search.py", "return [t for t in finished_trials(study) if REFUSED not in t.user_attrs]", "return finished_trials(study)", "tests/test_tuner.py -k end_to_end"),

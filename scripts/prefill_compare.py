@@ -25,21 +25,13 @@ import torch.nn.functional as F
 import triton
 
 from superlinear_ops.geometry import window_len_from_sw_index
-from superlinear_ops.kernels.launch import KernelConfig, LaunchGeometry
-from superlinear_ops.kernels.span_forward import span_forward
-from superlinear_ops.kernels.span_tc_forward import (
-    TC_FORWARD_DEFAULTS,
-    span_forward_tc,
-    span_tile_kernel,
-    tc_forward_default,
-)
-from superlinear_ops.kernels.span_tiles import clamped_span_bounds
-from superlinear_ops.kernels.window_attention import (
-    window_attention,
-    window_attention_kernel,
-)
+from superlinear_ops.launch import KernelConfig, LaunchGeometry
 from superlinear_ops.ops.inputs import search_like_spans
-from superlinear_ops.reference import span_forward_reference
+from superlinear_ops.ops.span_attention.per_query_forward import span_forward
+from superlinear_ops.ops.span_attention.reference import span_forward_reference
+from superlinear_ops.ops.span_attention.span_tiles import clamped_span_bounds
+from superlinear_ops.ops.span_attention.tile_forward import TC_FORWARD_DEFAULTS, span_forward_tc, span_tile_kernel, tc_forward_default
+from superlinear_ops.ops.span_attention.window_forward import window_attention, window_attention_kernel
 
 BANDWIDTH, BF16_FLOPS = 4.3e12, 790e12
 B, HQ, HKV, D, K_SPANS = 1, 32, 2, 128, 3

@@ -19,8 +19,8 @@ import torch
 
 import superlinear_ops.variants  # noqa: F401  (registers the variants)
 from superlinear_ops import geometry
-from superlinear_ops.kernels.launch import KernelConfig
-from superlinear_ops.layer.search import search_reference
+from superlinear_ops.launch import KernelConfig
+from superlinear_ops.ops.layer_search.reference import search_reference
 from superlinear_ops.problem import Problem
 from superlinear_ops.registry import REGISTRY
 from superlinear_ops.settings import SpanSettings

@@ -18,8 +18,8 @@ from layer_compare import HQ, SETTINGS, interleaved_ab, public_call, warm_gpu  #
 from prefill_compare import bench
 
 from superlinear_ops import torch_ops
-from superlinear_ops.layer import attention
-from superlinear_ops.layer.spans_kernel import spans_by_kernel
+from superlinear_ops.ops.layer import steps as attention
+from superlinear_ops.ops.layer.spans_kernel import spans_by_kernel
 
 CASES = [(8192, 16384, False), (8192, 139264, False), (8192, 1048576, False), (32768, 1048576, False),
          (4096, 4096, True), (16384, 16384, True)]

@@ -22,16 +22,16 @@ import torch.nn.functional as F
 import triton
 
 from superlinear_ops import geometry
-from superlinear_ops.kernels.launch import KernelConfig, LaunchGeometry
-from superlinear_ops.kernels.span_backward import span_backward
-from superlinear_ops.kernels.span_forward import span_forward
-from superlinear_ops.kernels.span_tc_backward import SPAN_TC_BACKWARD_DEFAULTS, span_backward_tc
-from superlinear_ops.kernels.span_tiles import clamped_span_bounds
+from superlinear_ops.launch import KernelConfig, LaunchGeometry
 from superlinear_ops.ops.inputs import search_like_spans
-from superlinear_ops.reference import span_backward_reference, span_forward_reference
+from superlinear_ops.ops.span_attention.per_query_backward import span_backward
+from superlinear_ops.ops.span_attention.per_query_forward import span_forward
+from superlinear_ops.ops.span_attention.reference import span_backward_reference, span_forward_reference
+from superlinear_ops.ops.span_attention.span_tiles import clamped_span_bounds
+from superlinear_ops.ops.span_attention.tile_backward import SPAN_TC_BACKWARD_DEFAULTS, span_backward_tc
 
 try:
-    from superlinear_ops.kernels.span_tc_forward import TC_FORWARD_DEFAULTS, span_forward_tc
+    from superlinear_ops.ops.span_attention.tile_forward import TC_FORWARD_DEFAULTS, span_forward_tc
 except ImportError:
     span_forward_tc = None
 

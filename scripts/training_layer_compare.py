@@ -23,8 +23,9 @@ import triton
 from layer_compare import ARGS, HQ, D, check_case, inputs, original_module, target_case  # this folder's helpers
 from prefill_compare import profile
 
-from superlinear_ops.kernels import span_tc_backward, window_tc_backward
 from superlinear_ops.layer_api import superlinear_attention
+from superlinear_ops.ops.span_attention import tile_backward as span_tc_backward
+from superlinear_ops.ops.span_attention import window_backward as window_tc_backward
 
 LENGTHS = (4096, 16384, 65536)
 BACKWARD_KERNELS = (span_tc_backward.combine_rows_kernel, span_tc_backward.span_tile_backward_kernel,

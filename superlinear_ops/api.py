@@ -21,7 +21,7 @@ from __future__ import annotations
 import torch
 
 from . import geometry, torch_ops, validation
-from .kernels.launch import check_block_k
+from .launch import check_block_k
 from .settings import SpanSettings
 
 FORCE_MODES = (None, "sdpa", "span")

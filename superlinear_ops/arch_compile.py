@@ -89,16 +89,16 @@ def _backward_span_tiles(m: int, n: int, d: int) -> dict:
     return dict(_attention_tiles(m, n, d), K_SPANS=K_SPANS)
 
 
-_K = "superlinear_ops.kernels."
+_K = "superlinear_ops.ops.span_attention."
 COVERED: dict[str, dict[str, tuple[KernelSpec, ...]]] = {  # variant -> part -> kernels (parts read f"{part}_{tunable}")
     "span_forward/tc_tiles": {
-        "window": (KernelSpec(_K + "window_attention", "window_attention_kernel", _forward_tiles),),
-        "span": (KernelSpec(_K + "span_tc_forward", "span_tile_kernel", _span_tiles),),
+        "window": (KernelSpec(_K + "window_forward", "window_attention_kernel", _forward_tiles),),
+        "span": (KernelSpec(_K + "tile_forward", "span_tile_kernel", _span_tiles),),
     },
     "span_backward/tc_tiles": {
-        "window": (KernelSpec(_K + "window_tc_backward", "window_dkdv_kernel", _window_dkdv_tiles),
-                   KernelSpec(_K + "window_tc_backward", "window_dq_kernel", _swapped_tiles)),
-        "span": (KernelSpec(_K + "span_tc_backward", "span_tile_backward_kernel", _backward_span_tiles),),
+        "window": (KernelSpec(_K + "window_backward", "window_dkdv_kernel", _window_dkdv_tiles),
+                   KernelSpec(_K + "window_backward", "window_dq_kernel", _swapped_tiles)),
+        "span": (KernelSpec(_K + "tile_backward", "span_tile_backward_kernel", _backward_span_tiles),),
     },
 }
 

@@ -15,7 +15,7 @@ from tqdm import tqdm
 
 from . import geometry
 from .api import decode_span_attention_staged_gqa, fused_span_attention_gqa
-from .reference import span_forward_reference
+from .ops.span_attention.reference import span_forward_reference
 
 log = logging.getLogger(__name__)
 

@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 from typing import Protocol
 
 from .buckets import NEAREST_DISTANCE, ProblemKey, bucketed, key_of, neighbours
-from .kernels.launch import KernelConfig
+from .launch import KernelConfig
 from .problem import Problem
 from .registry import REGISTRY, Registry, Variant
 

@@ -15,7 +15,7 @@ import torch
 
 from . import torch_ops, validation
 from .api import clamped_positions, empty_result
-from .layer.composition import attention_layer
+from .ops.layer.composition import attention_layer
 from .settings import SpanSettings
 
 

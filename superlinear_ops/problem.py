@@ -14,7 +14,7 @@ from typing import NamedTuple
 import torch
 
 from . import geometry
-from .layer.gate_ops import GATE, GATE_BACKWARD, GATE_SCORES, GATE_SCORES_BACKWARD
+from .ops.gate.names import GATE, GATE_BACKWARD, GATE_SCORES, GATE_SCORES_BACKWARD
 from .registry import REGISTRY
 
 SPAN_FORWARD = "span_forward"

@@ -27,7 +27,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from .code_hash import code_hash
-from .kernels.launch import KernelConfig
+from .launch import KernelConfig
 
 if TYPE_CHECKING:  # the problem module checks ops through the registry
     from .problem import Problem

@@ -21,9 +21,9 @@ import torch
 from torch import Tensor
 
 from . import dispatch, geometry
-from .kernels.launch import LaunchGeometry
-from .layer.attention import anchor_spans, gate_backward, gate_forward, gate_scores_backward, gate_scores_forward
-from .layer.search import padded
+from .launch import LaunchGeometry
+from .ops.layer.steps import anchor_spans, gate_backward, gate_forward, gate_scores_backward, gate_scores_forward
+from .ops.layer_search.reference import padded
 from .problem import SPAN_BACKWARD, SPAN_FORWARD, STAGED_DECODE, Problem
 from .registry import REGISTRY
 from .settings import SpanSettings

@@ -9,9 +9,9 @@ from __future__ import annotations
 from . import geometry
 from .arch_check import compiled_part_reason
 from .buckets import next_power_of_two
-from .decode.grouped_plan import MAX_SPAN_ROWS, MIN_DOT, WINDOW_CHUNK, span_chunk_length, span_rows
-from .kernels.launch import KernelConfig
+from .launch import KernelConfig
 from .ops.spec import span_length  # no decode span at the problem's key length is longer
+from .ops.staged_decode.grouped_plan import MAX_SPAN_ROWS, MIN_DOT, WINDOW_CHUNK, span_chunk_length, span_rows
 from .problem import SPAN_BACKWARD, SPAN_FORWARD, Problem
 
 MAX_VALUES_PER_THREAD = 256  # fp32 tile values per thread above which kernels spill
@@ -343,7 +343,7 @@ def tc_forward_default(problem: Problem) -> KernelConfig:
     """Heuristic tensor-core forward configuration: the H200 sweep's best tiles for bf16, D <= 128
     (window 128/64/8 warps/3 stages, spans 64/64/4/3), smaller ones for wider rows or fp32, then
     shrunk until they fit the GPU (``fitted``)."""
-    from .kernels.span_tc_forward import tc_forward_default as tiles  # imports Triton on first use only
+    from .ops.span_attention.tile_forward import tc_forward_default as tiles  # imports Triton on first use only
 
     return fitted(KernelConfig(tiles(problem.head_dim, problem.torch_dtype)), FORWARD_TILES, problem, f"{SPAN_FORWARD}/tc_tiles")
 
@@ -352,7 +352,7 @@ def tc_backward_default(problem: Problem) -> KernelConfig:
     """Heuristic tensor-core backward configuration: the H200 4K-64K sweeps' best (window tiles
     32/128/8 warps/3 stages over 8 parts of a KV group's heads, spans 128/64/8/2 sorted by
     (start // 64, end)), shrunk until they fit (``fitted``)."""
-    from .kernels.span_tc_backward import SPAN_TC_BACKWARD_DEFAULTS  # imports Triton on first use only
+    from .ops.span_attention.tile_backward import SPAN_TC_BACKWARD_DEFAULTS  # imports Triton on first use only
 
     return fitted(KernelConfig(SPAN_TC_BACKWARD_DEFAULTS), BACKWARD_TILES, problem, f"{SPAN_BACKWARD}/tc_tiles")
 
@@ -374,7 +374,7 @@ def fitted(config: KernelConfig, tiles: dict, problem: Problem, variant: str = "
 
 def search_default(problem: Problem) -> KernelConfig:
     """Heuristic search tiles (``layer.search_kernel.search_default``)."""
-    from .layer.search_kernel import search_default as tiles  # imports Triton on first use only
+    from .ops.layer_search.tiled_search import search_default as tiles  # imports Triton on first use only
 
     return tiles(problem.rep, problem.head_dim)
 
@@ -382,7 +382,7 @@ def search_default(problem: Problem) -> KernelConfig:
 def stripe_tile_default(problem: Problem) -> KernelConfig:
     """Heuristic stripe-tile search tiles (``layer.stripe_tile_search.stripe_tile_default``), with as
     many more warps as the register estimate asks for."""
-    from .layer.stripe_tile_search import stripe_tile_default as tiles
+    from .ops.layer_search.stripe_tile_search import stripe_tile_default as tiles
 
     config = tiles(problem.rep, problem.head_dim)
     while stripe_tile_check(problem, config) is not None and config.num_warps < 8:  # wide tiles: more warps

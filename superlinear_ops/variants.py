@@ -23,16 +23,16 @@ from functools import partial
 import torch
 
 from .arch_check import with_compiled
-from .decode.grouped import group_spans_decode, grouped_decode, stripe_spans_decode
-from .decode.split_window import split_window_decode
-from .decode.staged import staged_decode
-from .kernels.launch import KernelConfig, LaunchGeometry
-from .layer import attention as gate_paths
-from .layer.gate_ops import GATE, GATE_BACKWARD, GATE_SCORES, GATE_SCORES_BACKWARD
-from .layer.search import search_reference
+from .launch import KernelConfig, LaunchGeometry
 from .ops import BUILTIN as BUILTIN_OPS
+from .ops.gate.names import GATE, GATE_BACKWARD, GATE_SCORES, GATE_SCORES_BACKWARD
+from .ops.layer import steps as gate_paths
+from .ops.layer_search.reference import search_reference
+from .ops.span_attention.reference import span_backward_reference, span_forward_reference
+from .ops.staged_decode.grouped import group_spans_decode, grouped_decode, stripe_spans_decode
+from .ops.staged_decode.split_window import split_window_decode
+from .ops.staged_decode.staged import staged_decode
 from .problem import ATTENTION_LAYER, SPAN_BACKWARD, SPAN_FORWARD, STAGED_DECODE, Problem
-from .reference import span_backward_reference, span_forward_reference
 from .registry import REGISTRY, Param, Variant
 from .settings import SpanSettings
 from .variant_rules import (
@@ -117,14 +117,14 @@ STRIPE_TILE_SPACE = (  # the layer's stripe search over tiles of stripes: one do
 
 def triton_forward(geo: LaunchGeometry, config: KernelConfig) -> tuple[torch.Tensor, torch.Tensor]:
     """The per-(query, span) Triton forward."""
-    from .kernels.span_forward import span_forward  # imports Triton on first use only
+    from .ops.span_attention.per_query_forward import span_forward  # imports Triton on first use only
 
     return span_forward(geo, config)
 
 
 def tc_forward(geo: LaunchGeometry, config: KernelConfig) -> tuple[torch.Tensor, torch.Tensor]:
     """The tensor-core forward: window once per query, spans in shared key tiles, LSE merge."""
-    from .kernels.span_tc_forward import span_forward_tc
+    from .ops.span_attention.tile_forward import span_forward_tc
 
     return span_forward_tc(geo, config)
 
@@ -139,14 +139,14 @@ def reference_forward(geo: LaunchGeometry, config: KernelConfig) -> tuple[torch.
 
 def triton_backward(geo, config, out, lse, grad_out, *, fused_spans: bool, split_dkv: bool):
     """A Triton backward variant."""
-    from .kernels.span_backward import span_backward
+    from .ops.span_attention.per_query_backward import span_backward
 
     return span_backward(geo, config, out, lse, grad_out, fused_spans=fused_spans, split_dkv=split_dkv)
 
 
 def tc_backward(geo, config, out, lse, grad_out):
     """The tensor-core backward: the window part once per query, spans in shared key tiles."""
-    from .kernels.span_tc_backward import span_backward_tc
+    from .ops.span_attention.tile_backward import span_backward_tc
 
     return span_backward_tc(geo, config, out, lse, grad_out)
 
@@ -160,14 +160,14 @@ def reference_backward(geo, config, out, lse, grad_out):
 
 def tiled_search(q1, k, cache_position, attention_mask, settings: SpanSettings, config: KernelConfig):
     """The layer's Triton stripe search."""
-    from .layer.search_kernel import tiled_search as search
+    from .ops.layer_search.tiled_search import tiled_search as search
 
     return search(q1, k, cache_position, attention_mask, settings, config)
 
 
 def stripe_tile_search(q1, k, cache_position, attention_mask, settings: SpanSettings, config: KernelConfig):
     """The layer's Triton stripe search over tiles of stripes."""
-    from .layer.stripe_tile_search import stripe_tile_search as search
+    from .ops.layer_search.stripe_tile_search import stripe_tile_search as search
 
     return search(q1, k, cache_position, attention_mask, settings, config)
 

@@ -7,7 +7,7 @@ import dataclasses
 from superlinear_ops.buckets import ProblemKey
 from superlinear_ops.cache.entry import Provenance, TunedEntry
 from superlinear_ops.cache.provenance import kernel_hash, triton_version
-from superlinear_ops.kernels.launch import KernelConfig
+from superlinear_ops.launch import KernelConfig
 
 
 def make_key(index: int = 0, **changes) -> ProblemKey:

@@ -17,7 +17,8 @@ import oracle
 import pytest
 import torch
 
-from superlinear_ops.layer import search_kernel, stripe_tile_search
+from superlinear_ops.ops.layer_search import stripe_tile_search
+from superlinear_ops.ops.layer_search import tiled_search as search_kernel
 
 SEED_ENV = "SUPERLINEAR_OPS_TEST_SEED"  # "123" or "1,2,3": replay these seeds; "random": fresh seeds
 BLOCK_K = 16  # key block the tests launch with (the smallest every kernel takes)
@@ -98,7 +99,7 @@ def launch_variant(variant, inputs, backward_args=None, block_k: int | None = BL
     result (dQ, dK, dV); staged_decode: result out.
     """
     from superlinear_ops import geometry
-    from superlinear_ops.kernels.launch import LaunchGeometry
+    from superlinear_ops.launch import LaunchGeometry
     from superlinear_ops.problem import Problem
     from superlinear_ops.settings import SpanSettings
 

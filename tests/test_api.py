@@ -14,13 +14,9 @@ from cases import SpanCase, make_span_inputs
 from helpers import GRADIENT_SPREAD, assert_close
 
 import superlinear_ops
-from superlinear_ops import (
-    decode_span_attention_staged_gqa,
-    dispatch,
-    fused_span_attention_gqa,
-)
+from superlinear_ops import decode_span_attention_staged_gqa, dispatch, fused_span_attention_gqa
+from superlinear_ops.ops.span_attention.reference import span_forward_reference
 from superlinear_ops.problem import Problem
-from superlinear_ops.reference import span_forward_reference
 
 GQA = SpanCase("fp32", 2, hkv=2)  # B 1, Hq 4, Hkv 2, Lq 3, Lkv 160, D 16, K 2, W 35
 MHA = SpanCase("fp32", 1, hkv=2)

@@ -20,7 +20,7 @@ from superlinear_ops.arch_compile import COVERED, config_key, generate, part_val
 from superlinear_ops.buckets import key_of
 from superlinear_ops.cli import main
 from superlinear_ops.dispatch import Dispatcher, LayerAnswer, TunedChoice
-from superlinear_ops.kernels.launch import KernelConfig
+from superlinear_ops.launch import KernelConfig
 from superlinear_ops.problem import SPAN_FORWARD, DeviceIdentity, Problem
 from superlinear_ops.registry import REGISTRY
 from superlinear_ops.variant_rules import SHARED_MEMORY_BYTES
@@ -226,8 +226,19 @@ def test_compiled_signatures_take_the_pointer_types_the_launchers_pass(monkeypat
     tensor argument, the element type the unmasked bf16 launch passes (positions int32, tile orders
     int64, ...); the descriptors' tensors as the pointer path (``KV_TMA``/``ROWS_TMA`` off) takes them."""
     from superlinear_ops.arch_compile import UNUSED_DESCRIPTORS, signature
-    from superlinear_ops.kernels import span_tc_backward, span_tc_forward, window_attention, window_tc_backward
-    from superlinear_ops.kernels.launch import LaunchGeometry
+    from superlinear_ops.launch import LaunchGeometry
+    from superlinear_ops.ops.span_attention import (
+        tile_backward as span_tc_backward,
+    )
+    from superlinear_ops.ops.span_attention import (
+        tile_forward as span_tc_forward,
+    )
+    from superlinear_ops.ops.span_attention import (
+        window_backward as window_tc_backward,
+    )
+    from superlinear_ops.ops.span_attention import (
+        window_forward as window_attention,
+    )
 
     for module in (window_attention, span_tc_forward, window_tc_backward):  # the pointer path, as compiled
         monkeypatch.setattr(module, "row_descriptors", lambda *_: None)

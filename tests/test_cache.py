@@ -23,9 +23,9 @@ from superlinear_ops.cache.layers import CacheWarning, StoreLayer, YamlLayer, de
 from superlinear_ops.cache.store import SCHEMA_VERSION, Store, StoreError
 from superlinear_ops.cache.validity import why_unusable
 from superlinear_ops.dispatch import HEURISTIC, Dispatcher
-from superlinear_ops.kernels.launch import KernelConfig
+from superlinear_ops.launch import KernelConfig
+from superlinear_ops.ops.span_attention.reference import span_forward_reference
 from superlinear_ops.problem import Problem, device_identity
-from superlinear_ops.reference import span_forward_reference
 from superlinear_ops.registry import REGISTRY
 
 

@@ -11,17 +11,9 @@ from sqlalchemy import create_engine, inspect, select
 
 from superlinear_ops.cache.entry import FailureRecord
 from superlinear_ops.cache.provenance import kernel_hash, triton_version
-from superlinear_ops.cache.store import (
-    SCHEMA_VERSION,
-    Store,
-    _row,
-    entries_table,
-    failures_table,
-    resolve_url,
-    schema_table,
-)
+from superlinear_ops.cache.store import SCHEMA_VERSION, Store, _row, entries_table, failures_table, resolve_url, schema_table
 from superlinear_ops.cli import main
-from superlinear_ops.kernels.launch import KernelConfig
+from superlinear_ops.launch import KernelConfig
 
 
 def make_failure(block_k: int = 32, **changes) -> FailureRecord:

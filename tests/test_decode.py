@@ -134,7 +134,7 @@ def test_grouped_first_allowed_key_over_several_mask_slices(variant, mask: str, 
     make several, the first of them wholly masked (past its first ``head`` = 16 keys, which it reads
     beside its tables; with the default head the first allowed keys lie in it). Row 0's forward
     length is one key longer from its first allowed key than from the key after it."""
-    from superlinear_ops.decode import grouped_kernels as decode_grouped
+    from superlinear_ops.ops.staged_decode import grouped_kernels as decode_grouped
 
     monkeypatch.setattr(decode_grouped, "MASK_SLICE", 16)
     if head is not None:
@@ -229,7 +229,7 @@ def test_group_spans_programs_walk_their_chunks(programs_per_multiprocessor: int
     group walking all 32 chunks of 64 keys (spans of about 260 keys meet 5 or 6 of them, most
     chunks none), or a program per chunk. Either way every span's partials land where its head's
     merge reads them, and the heads merge once all are written."""
-    from superlinear_ops.decode import group_spans_kernels
+    from superlinear_ops.ops.staged_decode import group_spans_kernels
 
     monkeypatch.setattr(group_spans_kernels, "PROGRAMS_PER_MULTIPROCESSOR", programs_per_multiprocessor)
     case = DecodeCase("fp32", 2, hkv=2, lkv=2048, pos=2000, power=FLOAT55, sw_index=6, mask=mask)
@@ -268,7 +268,7 @@ def test_group_spans_keeps_a_value_one_head_attends_out_of_the_others(poison: fl
 @pytest.mark.parametrize("chunk", [0, -64, 128.0, True])
 def test_grouped_decode_rejects_a_chunk_that_is_not_a_positive_int(chunk) -> None:
     """``chunk`` keys per span program: anything but a positive int raises a ValueError that names it."""
-    from superlinear_ops.decode.grouped_kernels import grouped_decode_attention
+    from superlinear_ops.ops.staged_decode.grouped_kernels import grouped_decode_attention
 
     x = torch.zeros(1, 2, 1, 16)
     with pytest.raises(ValueError, match="chunk: expected a positive int"):

@@ -131,7 +131,7 @@ def test_a_mask_that_hides_key_0_alone_shortens_the_forward_reach(variant, gen: 
 def test_grouped_pointer_loads_where_tma_is_not_allowed(name: str, kinds, gen: torch.Generator) -> None:
     """K and V whose batch rows are one row expanded (stride 0) are no evenly spaced run of rows: no
     TMA descriptors, so every span block takes the pointer loads (masked keys read as zeros)."""
-    from superlinear_ops.kernels.window_attention import row_descriptors
+    from superlinear_ops.ops.span_attention.window_forward import row_descriptors
 
     x = make_decode_inputs(CASE, gen)
     x = replace(x, k=x.k[:1].expand_as(x.k), v=x.v[:1].expand_as(x.v))
@@ -146,7 +146,7 @@ def test_grouped_first_allowed_key_is_read_only_before_the_window(name: str, gen
     """Left padding across many 16-entry mask slices: row 1's first allowed key lies in its eighth
     slice, past the 16-entry mask head every program reads first (so the slice programs scan), and
     row 0 allows nothing before the window (no stripe, window only)."""
-    from superlinear_ops.decode import grouped_kernels
+    from superlinear_ops.ops.staged_decode import grouped_kernels
 
     monkeypatch.setattr(grouped_kernels, "MASK_SLICE", 16)
     monkeypatch.setattr(grouped_kernels, "MASK_HEAD", 16)
@@ -161,7 +161,7 @@ def test_grouped_first_allowed_key_is_read_only_before_the_window(name: str, gen
 
 
 def test_bool_masks_reach_the_grouped_kernels_without_a_copy() -> None:
-    from superlinear_ops.decode.grouped_kernels import mask_operand
+    from superlinear_ops.ops.staged_decode.grouped_kernels import mask_operand
 
     mask = torch.ones(2, 64, dtype=torch.bool)
     assert mask_operand(mask).dtype == torch.uint8 and mask_operand(mask).data_ptr() == mask.data_ptr()

@@ -12,7 +12,7 @@ import superlinear_ops
 from superlinear_ops import dispatch
 from superlinear_ops.buckets import ProblemKey, key_of
 from superlinear_ops.dispatch import HEURISTIC, Dispatcher, LayerAnswer, NoVariantError, TunedChoice
-from superlinear_ops.kernels.launch import KernelConfig
+from superlinear_ops.launch import KernelConfig
 from superlinear_ops.registry import REGISTRY, Variant
 
 

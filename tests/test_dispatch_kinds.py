@@ -13,16 +13,8 @@ from superlinear_ops.cache import yaml_file
 from superlinear_ops.cache.layers import context_of, layer_for, search_label
 from superlinear_ops.cache.store import Store
 from superlinear_ops.cli import main
-from superlinear_ops.dispatch import (
-    FULL_CONTEXT,
-    HEURISTIC,
-    RULE_HEURISTIC,
-    RULE_OWN,
-    STATIC_CACHE,
-    Dispatcher,
-    TunedChoice,
-)
-from superlinear_ops.kernels.launch import KernelConfig
+from superlinear_ops.dispatch import FULL_CONTEXT, HEURISTIC, RULE_HEURISTIC, RULE_OWN, STATIC_CACHE, Dispatcher, TunedChoice
+from superlinear_ops.launch import KernelConfig
 from superlinear_ops.problem import STAGED_DECODE, Problem, device_identity
 from superlinear_ops.registry import REGISTRY
 

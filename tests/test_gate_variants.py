@@ -25,8 +25,8 @@ from superlinear_ops import dispatch
 from superlinear_ops.buckets import key_of
 from superlinear_ops.cli import main
 from superlinear_ops.dispatch import LayerAnswer, TunedChoice
-from superlinear_ops.kernels.launch import KernelConfig
-from superlinear_ops.layer.gate_ops import GATE, GATE_BACKWARD, GATE_SCORES, GATE_SCORES_BACKWARD
+from superlinear_ops.launch import KernelConfig
+from superlinear_ops.ops.gate.names import GATE, GATE_BACKWARD, GATE_SCORES, GATE_SCORES_BACKWARD
 from superlinear_ops.problem import DeviceIdentity, Problem, device_identity
 from superlinear_ops.registry import REGISTRY, Variant
 from superlinear_ops.tuner import runner
@@ -412,7 +412,7 @@ def test_the_layer_reference_run_is_pytorch_in_float64(launches: Launches) -> No
 
 def test_warmup_resolves_every_gate_choice(gen: torch.Generator) -> None:
     """After ``warmup`` of the four gate problems, gate calls of their shape resolve no choice."""
-    from superlinear_ops.layer import attention
+    from superlinear_ops.ops.layer import steps as attention
 
     device = device_identity(CPU)
     problems = [REGISTRY.spec(op).canonical(Problem(op, "float32", 64, 4, 2, 3, 8, 32, 2, False, 0, "int2", device))

@@ -11,12 +11,7 @@ import oracle
 import pytest
 import torch
 
-from superlinear_ops import (
-    compute_qend_from_qanchor,
-    geometry,
-    max_stripe_index_for_token_pos,
-    window_len_from_sw_index,
-)
+from superlinear_ops import compute_qend_from_qanchor, geometry, max_stripe_index_for_token_pos, window_len_from_sw_index
 
 
 def _decimal_pow(base: int, exponent: float) -> Decimal:

@@ -8,15 +8,11 @@ import math
 import pytest
 import torch
 
-from superlinear_ops import (
-    decode_span_attention_staged_gqa,
-    fused_span_attention_gqa,
-    geometry,
-)
+from superlinear_ops import decode_span_attention_staged_gqa, fused_span_attention_gqa, geometry
 from superlinear_ops.api import clamped_positions
-from superlinear_ops.decode.tables import decode_tables
+from superlinear_ops.ops.span_attention.reference import decode_reference
+from superlinear_ops.ops.staged_decode.tables import decode_tables
 from superlinear_ops.problem import STAGED_DECODE, Problem
-from superlinear_ops.reference import decode_reference
 from superlinear_ops.registry import REGISTRY
 from superlinear_ops.settings import SpanSettings
 
@@ -111,7 +107,7 @@ def test_int32_positions_past_the_last_key_equal_int64_ones(monkeypatch) -> None
     """Positions past the last key mean Lkv - 1 in int32 as in int64: spans that reach into the
     window of that last key are clamped before it (the public ops clamp positions, int32 included,
     and the span-tile plan's kernels again). The tensor-core forward runs here."""
-    from superlinear_ops.kernels import span_tc_forward
+    from superlinear_ops.ops.span_attention import tile_forward as span_tc_forward
 
     plans = []
     real_plan = span_tc_forward.span_tile_plan

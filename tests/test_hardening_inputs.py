@@ -15,13 +15,8 @@ import oracle
 import pytest
 import torch
 
-from superlinear_ops import (
-    decode_span_attention_staged_gqa,
-    fused_span_attention_gqa,
-    layer_api,
-    superlinear_attention,
-)
-from superlinear_ops.kernels.launch import LaunchGeometry
+from superlinear_ops import decode_span_attention_staged_gqa, fused_span_attention_gqa, layer_api, superlinear_attention
+from superlinear_ops.launch import LaunchGeometry
 from superlinear_ops.problem import SPAN_BACKWARD, SPAN_FORWARD, Problem
 from superlinear_ops.registry import REGISTRY
 

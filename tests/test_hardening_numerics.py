@@ -13,18 +13,10 @@ import math
 import pytest
 import torch
 
-from superlinear_ops import (
-    decode_span_attention_staged_gqa,
-    fused_span_attention_gqa,
-    geometry,
-)
-from superlinear_ops.kernels.launch import LaunchGeometry
+from superlinear_ops import decode_span_attention_staged_gqa, fused_span_attention_gqa, geometry
+from superlinear_ops.launch import LaunchGeometry
+from superlinear_ops.ops.span_attention.reference import decode_reference, span_backward_reference, span_forward_reference
 from superlinear_ops.problem import SPAN_BACKWARD, SPAN_FORWARD, STAGED_DECODE, Problem
-from superlinear_ops.reference import (
-    decode_reference,
-    span_backward_reference,
-    span_forward_reference,
-)
 from superlinear_ops.registry import REGISTRY
 from superlinear_ops.settings import SpanSettings
 

@@ -12,7 +12,7 @@ import torch
 import superlinear_ops
 from superlinear_ops import dispatch
 from superlinear_ops.cli import main
-from superlinear_ops.kernels.launch import KernelConfig
+from superlinear_ops.launch import KernelConfig
 from superlinear_ops.ops.spec import DenseCalls, OpSpec
 from superlinear_ops.problem import OPS, device_identity
 from superlinear_ops.registry import REGISTRY, Param, Variant

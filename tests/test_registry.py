@@ -7,7 +7,7 @@ from itertools import product
 import pytest
 from test_buckets import H200, problem
 
-from superlinear_ops.kernels.launch import KernelConfig
+from superlinear_ops.launch import KernelConfig
 from superlinear_ops.problem import OPS, DeviceIdentity
 from superlinear_ops.registry import REGISTRY, Registry, Variant
 

@@ -9,7 +9,7 @@ import sys
 import torch
 
 from superlinear_ops.buckets import key_of
-from superlinear_ops.kernels.launch import KernelConfig
+from superlinear_ops.launch import KernelConfig
 from superlinear_ops.problem import DeviceIdentity, device_identity
 from superlinear_ops.registry import REGISTRY
 from superlinear_ops.tuner import sanitize as sweep

@@ -7,7 +7,7 @@ import contextlib
 
 import torch
 
-from superlinear_ops.kernels import side_stream
+from superlinear_ops.ops import side_stream
 
 
 class FakeStream:

@@ -7,10 +7,10 @@ import torch
 from helpers import LaunchSpy, poisoned_allocations
 from tile_cases import TileCase, random_spans
 
-from superlinear_ops.kernels.launch import LaunchGeometry
-from superlinear_ops.kernels.span_tc_backward import SPAN_TC_BACKWARD_DEFAULTS, span_backward_tc
-from superlinear_ops.kernels.window_tc_backward import window_tables
-from superlinear_ops.reference import span_backward_reference, span_forward_reference
+from superlinear_ops.launch import LaunchGeometry
+from superlinear_ops.ops.span_attention.reference import span_backward_reference, span_forward_reference
+from superlinear_ops.ops.span_attention.tile_backward import SPAN_TC_BACKWARD_DEFAULTS, span_backward_tc
+from superlinear_ops.ops.span_attention.window_backward import window_tables
 
 SMALL = {**SPAN_TC_BACKWARD_DEFAULTS, "window_block_m": 16, "window_block_n": 16,
          "span_block_m": 16, "span_block_n": 16}
@@ -137,7 +137,7 @@ def test_window_kernels_whole_tiles_through_descriptors(tma: int, dtype: torch.d
     query rows then lie in another order than the queries): the dQ kernel's whole key blocks and the
     dK/dV kernel's query tiles (q and dO* in sorted order) come through TMA descriptors (``tma`` 1)
     or, withheld, by pointers; both match the reference."""
-    from superlinear_ops.kernels import window_tc_backward
+    from superlinear_ops.ops.span_attention import window_backward as window_tc_backward
 
     case = TileCase(dtype, 2, 4, 2, 40, 200, 40, 3, 7, None, False, 60, consecutive, config=SMALL)
     dq_spy = LaunchSpy(window_tc_backward.window_dq_kernel)
@@ -295,7 +295,7 @@ def test_non_finite_output_gradient_stays_in_its_head(tma: int, batch_row: int, 
     batch row's (B 2, rep 2, Lq 40 over 16-row dK/dV tiles: the tiles of the head before end 8 rows
     into this one). Gradients that the head does not feed equal the reference's, and the head's own
     show the NaN, through TMA descriptors (``tma`` 1) and through pointer loads alike."""
-    from superlinear_ops.kernels import window_tc_backward
+    from superlinear_ops.ops.span_attention import window_backward as window_tc_backward
 
     case = TileCase(torch.float32, 2, 4, 2, 40, 100, 32, 2, 7, None, False, 20, True, config=SMALL)
     q, k, v, qstart, qend, cache_position, mask = make_inputs(case, gen)

@@ -8,10 +8,10 @@ from cases import DTYPES, SPAN_CASES, SpanCase, check_span_properties, make_span
 from helpers import LaunchSpy, assert_close, poisoned_allocations
 from tile_cases import TileCase, random_spans
 
-from superlinear_ops.kernels.launch import LaunchGeometry
-from superlinear_ops.kernels.span_tc_forward import TC_FORWARD_DEFAULTS, span_forward_tc
-from superlinear_ops.kernels.span_tiles import clamped_span_bounds, span_tile_plan
-from superlinear_ops.reference import span_forward_reference
+from superlinear_ops.launch import LaunchGeometry
+from superlinear_ops.ops.span_attention.reference import span_forward_reference
+from superlinear_ops.ops.span_attention.span_tiles import clamped_span_bounds, span_tile_plan
+from superlinear_ops.ops.span_attention.tile_forward import TC_FORWARD_DEFAULTS, span_forward_tc
 
 
 def check_against_reference(case, out, lse, ref_out, ref_lse, dtype=None):
@@ -26,7 +26,8 @@ def check_against_reference(case, out, lse, ref_out, ref_lse, dtype=None):
 
 def spied_forward_kernels(monkeypatch) -> dict[str, LaunchSpy]:
     """The window and span-tile kernels replaced in their modules by spies, by kernel name."""
-    from superlinear_ops.kernels import span_tc_forward, window_attention
+    from superlinear_ops.ops.span_attention import tile_forward as span_tc_forward
+    from superlinear_ops.ops.span_attention import window_forward as window_attention
 
     spies = {"window_attention_kernel": LaunchSpy(window_attention.window_attention_kernel),
              "span_tile_kernel": LaunchSpy(span_tc_forward.span_tile_kernel)}
@@ -190,7 +191,8 @@ def test_whole_key_blocks_through_descriptors(tma: int, dtype: torch.dtype, gen:
     and long spans, so both kernels have key blocks that every row of a tile attends: loaded through
     the TMA descriptors (``tma`` 1) or, with the descriptors withheld, by pointers; both equal the
     reference."""
-    from superlinear_ops.kernels import span_tc_forward, window_attention
+    from superlinear_ops.ops.span_attention import tile_forward as span_tc_forward
+    from superlinear_ops.ops.span_attention import window_forward as window_attention
 
     case = TileCase(dtype, 2, 4, 2, 40, 260, 40, 3, 7, None, False, 160, True)
     inputs = make_inputs(case, gen)
@@ -214,7 +216,9 @@ def test_plan_runs_beside_the_window_kernel(gen: torch.Generator, monkeypatch):
     the span-tile plan is built inside it (after the window launch), and the join, given exactly
     the plan's tensors, comes before the span-tile kernel reads them. Off CUDA the side stream runs
     in place, so the result must still be the reference's."""
-    from superlinear_ops.kernels import side_stream, span_tc_forward, window_attention
+    from superlinear_ops.ops import side_stream
+    from superlinear_ops.ops.span_attention import tile_forward as span_tc_forward
+    from superlinear_ops.ops.span_attention import window_forward as window_attention
 
     log: list = []
 
@@ -261,7 +265,7 @@ def test_edge_blocks_never_read_an_unwritten_cache_tail(gen: torch.Generator, mo
     key, reaches past its queries' positions into the cache tail (NaN here: never written), so it
     must come by pointer loads (keys past the tile's last span key read as 0), not through TMA; the
     whole blocks still do. Every output stays finite and equals the reference's."""
-    from superlinear_ops.kernels import span_tc_forward
+    from superlinear_ops.ops.span_attention import tile_forward as span_tc_forward
 
     case = TileCase(torch.float32, 1, 2, 1, 8, 64, 16, 3, 1, None, False, 4, True)
     assert case.window == 3
@@ -287,7 +291,7 @@ def test_descriptors_only_where_the_inputs_allow(gen: torch.Generator):
     """K/V expanded over the batch (stride 0) or a row stride off 16 bytes fall back to pointer
     loads (no descriptors), and the results stay the reference's; a mask keeps the forward's
     descriptors but not the backward's (``key_value_descriptors``)."""
-    from superlinear_ops.kernels.window_attention import key_value_descriptors, row_descriptors
+    from superlinear_ops.ops.span_attention.window_forward import key_value_descriptors, row_descriptors
 
     case = TileCase(torch.float32, 2, 4, 2, 20, 120, 20, 2, 6, None, False, 60, True)
     q, k, v, qstart, qend, cache_position, _ = make_inputs(case, gen)
@@ -337,7 +341,7 @@ def test_masked_key_blocks_through_descriptors(poison: str, dtype: torch.dtype, 
 
 def test_allowed_suffix_start():
     """The first key of each row's allowed keys where they run unbroken to the last key, else Lkv."""
-    from superlinear_ops.kernels.window_attention import allowed_suffix_start
+    from superlinear_ops.ops.span_attention.window_forward import allowed_suffix_start
 
     keys = 40
     rows = torch.ones(6, keys + 3, dtype=torch.int32)  # an integer mask, wider than the keys
@@ -359,7 +363,7 @@ def test_tiles_split_at_the_allowed_suffix(padding: tuple[int, int], gen: torch.
     mask of ones): each kernel runs twice, over the tiles whose keys all lie in their row's allowed
     suffix without the mask and over the others with it, and every row is written once, equal to
     the reference's (the outputs are poisoned first)."""
-    from superlinear_ops.kernels import window_attention
+    from superlinear_ops.ops.span_attention import window_forward as window_attention
 
     case = TileCase(torch.float32, 2, 4, 2, 60, 260, 24, 3, 7, None, False, 160, True)
     q, k, v, qstart, qend, cache_position, _ = make_inputs(case, gen)

@@ -110,7 +110,7 @@ def test_nothing_is_built_after_warmup(gen: torch.Generator) -> None:
     """warmup's promise: after it, real calls of the warmed problems resolve no choice, build no
     geometry or decode table and (on a GPU) compile no Triton kernel."""
     from superlinear_ops import dispatch
-    from superlinear_ops.decode import tables as decode_tables
+    from superlinear_ops.ops.staged_decode import tables as decode_tables
 
     device = superlinear_ops.problem.device_identity(torch.device("cpu"))
     problems = [

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import os
 import pathlib
+import re
 import shutil
 import subprocess
 import sys
@@ -20,7 +21,7 @@ from superlinear_ops.cache.layers import YamlLayer
 from superlinear_ops.cache.store import Store
 from superlinear_ops.cache.validity import why_unusable
 from superlinear_ops.dispatch import HEURISTIC, Dispatcher
-from superlinear_ops.kernels.launch import KernelConfig
+from superlinear_ops.launch import KernelConfig
 from superlinear_ops.problem import DeviceIdentity, Problem
 from superlinear_ops.registry import REGISTRY, Registry
 from superlinear_ops.tuner.search import candidate_of, params_of
@@ -113,19 +114,19 @@ def _edit(path: pathlib.Path, old: str, new: str) -> None:
 
 def test_hash_ignores_comments_and_docstrings_and_follows_code(tmp_path) -> None:
     shutil.copytree(ROOT / "superlinear_ops", tmp_path / "superlinear_ops", ignore=shutil.ignore_patterns("__pycache__"))
-    kernels = tmp_path / "superlinear_ops" / "kernels"
+    package = tmp_path / "superlinear_ops"
     before = _hashes(tmp_path)
     assert before == {v.qualified_name: v.code_hash for v in REGISTRY.all()}  # stable across processes
 
     # Cosmetic edits: a docstring of a Triton helper, a comment inside a kernel, a launcher's docstring.
-    _edit(kernels / "common.py", '"""[lo, hi] of the sliding window', '"""The [lo, hi] bounds of the sliding window')
-    _edit(kernels / "span_backward.py", "    dq = tl.zeros((BLOCK_D,), dtype=tl.float32)\n",
+    _edit(package / "ops" / "kernel_helpers.py", '"""[lo, hi] of the sliding window', '"""The [lo, hi] bounds of the sliding window')
+    _edit(package / "ops" / "span_attention" / "per_query_backward.py", "    dq = tl.zeros((BLOCK_D,), dtype=tl.float32)\n",
           "    # accumulated over every span and the window\n    dq = tl.zeros((BLOCK_D,), dtype=tl.float32)\n")
-    _edit(kernels / "launch.py", '"""Lay validated inputs out for the kernels', '"""Lay the validated inputs out for the kernels')
+    _edit(package / "launch.py", '"""Lay validated inputs out for the kernels', '"""Lay the validated inputs out for the kernels')
     assert _hashes(tmp_path) == before
 
     # A real change in the backward kernel: exactly the Triton backward variants change.
-    _edit(kernels / "span_backward.py", "tl.store(dq_ptrs, dq * sm_scale, mask=d_mask)",
+    _edit(package / "ops" / "span_attention" / "per_query_backward.py", "tl.store(dq_ptrs, dq * sm_scale, mask=d_mask)",
           "tl.store(dq_ptrs, dq * sm_scale * 1.0, mask=d_mask)")
     after = _hashes(tmp_path)
     changed = {name for name in before if before[name] != after[name]}
@@ -138,14 +139,13 @@ def test_hash_follows_the_code_not_where_it_lives(tmp_path) -> None:
     package = tmp_path / "superlinear_ops"
     shutil.copytree(ROOT / "superlinear_ops", package, ignore=shutil.ignore_patterns("__pycache__"))
     before = _hashes(tmp_path)
-    helpers = package / "kernels" / "common.py"
+    helpers = package / "ops" / "kernel_helpers.py"
     moved = package / "shared_tile_helpers.py"
     moved.write_text(helpers.read_text())
     helpers.unlink()
     for path in package.rglob("*.py"):
         text = path.read_text()
-        edited = text.replace("from .common import", "from ..shared_tile_helpers import").replace(
-            "from ..kernels.common import", "from ..shared_tile_helpers import")
+        edited = re.sub(r"from (\.+)kernel_helpers import", lambda m: f"from {m.group(1)}.shared_tile_helpers import", text)
         if edited != text:
             path.write_text(edited)
     assert _hashes(tmp_path) == before

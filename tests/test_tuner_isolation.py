@@ -25,7 +25,7 @@ from superlinear_ops.buckets import key_of
 from superlinear_ops.cache.provenance import kernel_hash
 from superlinear_ops.cache.store import Store
 from superlinear_ops.cli import main
-from superlinear_ops.kernels.launch import KernelConfig
+from superlinear_ops.launch import KernelConfig
 from superlinear_ops.problem import STAGED_DECODE, device_identity
 from superlinear_ops.registry import REGISTRY, Param, Variant
 from superlinear_ops.tuner import faults

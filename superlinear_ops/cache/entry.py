@@ -7,7 +7,7 @@ import math
 from dataclasses import asdict, dataclass, fields
 
 from ..buckets import ProblemKey
-from ..kernels.launch import KernelConfig
+from ..launch import KernelConfig
 from ..registry import REGISTRY
 
 

@@ -43,7 +43,7 @@ from sqlalchemy.engine import Engine
 from sqlalchemy.exc import IntegrityError, ProgrammingError, SQLAlchemyError
 
 from ..buckets import ProblemKey
-from ..kernels.launch import KernelConfig
+from ..launch import KernelConfig
 from .entry import FailureRecord, Provenance, TunedEntry
 from .schema import KEY_FIELDS, SCHEMA_VERSION
 

@@ -3,13 +3,13 @@ library's, in the order the registry declares them."""
 
 from __future__ import annotations
 
-from .attention_layer import AttentionLayer
-from .gate import Gate, GateBackward
-from .gate_scores import GateScores, GateScoresBackward
-from .span_backward import SpanBackward
-from .span_forward import SpanForward
+from .gate.scores_spec import GateScores, GateScoresBackward
+from .gate.spec import Gate, GateBackward
+from .layer_search.spec import AttentionLayer
+from .span_attention.backward_spec import SpanBackward
+from .span_attention.spec import SpanForward
 from .spec import OpSpec
-from .staged_decode import StagedDecode
+from .staged_decode.spec import StagedDecode
 
 BUILTIN: tuple[OpSpec, ...] = (
     SpanForward(), SpanBackward(), StagedDecode(), AttentionLayer(), GateScores(), GateScoresBackward(), Gate(),

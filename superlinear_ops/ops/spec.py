@@ -25,7 +25,7 @@ import torch
 import torch.nn.functional as F
 
 from .. import geometry
-from ..kernels.launch import KernelConfig, LaunchGeometry
+from ..launch import KernelConfig, LaunchGeometry
 from ..problem import Problem
 from .inputs import Inputs, random_inputs
 

@@ -11,7 +11,7 @@ from ..cache.commands import failure_is_current
 from ..cache.entry import FailureRecord
 from ..cache.provenance import kernel_hash, package_version, triton_version
 from ..cache.store import Store
-from ..kernels.launch import KernelConfig
+from ..launch import KernelConfig
 from .faults import Failure
 
 

@@ -22,7 +22,7 @@ from dataclasses import replace
 import torch
 
 from .. import dispatch
-from ..kernels.launch import KernelConfig
+from ..launch import KernelConfig
 from ..ops.inputs import Inputs
 from ..ops.spec import Parts
 from ..problem import Problem

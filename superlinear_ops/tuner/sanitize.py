@@ -28,7 +28,7 @@ from tqdm import tqdm
 
 from ..buckets import key_of
 from ..devices import select_device
-from ..kernels.launch import KernelConfig
+from ..launch import KernelConfig
 from ..problem import device_identity
 from ..registry import REGISTRY, Variant
 from .runner import ProblemBench

@@ -18,7 +18,7 @@ from optuna.trial import TrialState
 from sqlalchemy.exc import IntegrityError, OperationalError
 
 from ..buckets import ProblemKey
-from ..kernels.launch import KernelConfig
+from ..launch import KernelConfig
 from ..problem import Problem
 from ..registry import REGISTRY, Variant
 from .faults import Failure, Outcome

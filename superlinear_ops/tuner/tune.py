@@ -50,7 +50,7 @@ from ..cache.entry import TunedEntry
 from ..cache.layers import SHIPPED_PACKAGE, YamlLayer, search_label, shipped_files
 from ..cache.provenance import current_provenance
 from ..cache.store import Store, sqlite_path
-from ..kernels.launch import KernelConfig
+from ..launch import KernelConfig
 from ..problem import device_identity
 from ..registry import REGISTRY
 from .faults import Outcome

@@ -17,7 +17,7 @@ from collections.abc import Callable
 
 import torch
 
-from ..kernels.launch import KernelConfig
+from ..launch import KernelConfig
 from ..registry import REGISTRY
 from .faults import CRASH, TIMEOUT, Failure, Outcome, classify, describe_exit, is_sticky
 from .runner import CandidateFailed, PartNames, ProblemBench, context_usable
