@@ -5,7 +5,6 @@ The public functions are drop-in replacements for the ``superlinear`` 0.1.0 span
 names); ``patch_superlinear()`` points an installed original package at them.
 """
 
-from . import variants  # noqa: F401  (registers every kernel variant)
 from .api import (
     decode_span_attention,
     decode_span_attention_gqa,
@@ -28,11 +27,14 @@ from .layer_api import (
     prefill_mha,
     superlinear_attention,
 )
+from .ops import register_builtin
 from .patch import patch_superlinear, unpatch_superlinear
 from .precompile import warmup
 from .problem import Problem
+from .registry import REGISTRY
 from .version import __version__ as __version__
 
+register_builtin(REGISTRY)  # the library's ops and variants
 use_cache()  # explicit cache (SUPERLINEAR_OPS_CACHE) > user store > shipped files > defaults
 
 __all__ = [

@@ -23,6 +23,7 @@ import torch
 from . import geometry, torch_ops, validation
 from .launch import check_block_k
 from .settings import SpanSettings
+from .validation import requires_grad
 
 FORCE_MODES = (None, "sdpa", "span")
 
@@ -32,11 +33,6 @@ def clamped_positions(cache_position: torch.Tensor, key_length: int) -> torch.Te
     kernels' int32 cast never wraps a position past int32 and every kernel reads the position it
     attends from (int32 input too; the kernels clamp again)."""
     return cache_position.clamp(-1, key_length - 1)
-
-
-def requires_grad(*inputs: torch.Tensor) -> bool:
-    """True when autograd records a call on ``inputs`` (grad mode on and one of them requires grad)."""
-    return torch.is_grad_enabled() and any(t.requires_grad for t in inputs)
 
 
 def empty_result(shape: tuple[int, ...], like: torch.Tensor, *inputs: torch.Tensor) -> torch.Tensor:

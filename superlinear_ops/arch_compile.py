@@ -1,6 +1,6 @@
 """Ahead-of-time compilation of the registered Triton kernels for GPUs this machine does not have.
 
-For each covered variant (``COVERED``) and each kernel part (a kernel, or kernels, reading only its
+For each covered variant (``covered()``: the variants that declare ``compiled_parts``) and each kernel part (a kernel, or kernels, reading only its
 own four tunables), every distinct value of those tunables is compiled with ``triton.compile`` for
 each architecture of ``arch_check.ARCH_LIMITS`` (no GPU needed: ptxas ships with Triton) and its
 resources are recorded: shared memory (Triton's dynamic allocation plus the static shared memory
@@ -8,7 +8,7 @@ ptxas reports), registers per thread, spill-store bytes and tensor-memory column
 compile error. ``generate`` writes that table (``arch_check`` reads it).
 
 Signatures follow what the launchers pass for the covered problem class (``DTYPE``, ``BLOCK_D``,
-unmasked, ``K_SPANS`` span slots): pointers and strides 16-divisible as Triton specialises them.
+unmasked, the span slots each variant compiles for): pointers and strides 16-divisible as Triton specialises them.
 The kernels with a tensor-memory-accelerator path (the forward's, the window dQ kernel and the
 window dK/dV kernel's query tiles) are compiled with pointer loads throughout (``KV_TMA`` and
 ``ROWS_TMA`` off: what GPUs before sm_90 run, and some tiles under a mask); their TMA path holds
@@ -18,7 +18,6 @@ the same stages in shared memory and fewer addresses in registers.
 from __future__ import annotations
 
 import contextlib
-import importlib
 import io
 import json
 import logging
@@ -27,17 +26,16 @@ import os
 import re
 import tempfile
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from concurrent.futures import ProcessPoolExecutor
-from dataclasses import dataclass
 
 from .arch_check import ARCH_LIMITS, TABLE_FORMAT, TC_TUNABLES, Resources, config_key, part_tiles, table_key
+from .registry import REGISTRY, KernelSpec
 
 log = logging.getLogger(__name__)
 
 DTYPE = "bfloat16"  # 16-bit inputs: the table serves bfloat16 and float16 problems
 BLOCK_D = 128  # padded head dim: the table serves head dims 65 to 128 (model M: 128)
-K_SPANS = 3
 _TRITON_TYPES = {"bfloat16": "bf16", "float16": "fp16", "float32": "fp32"}
 INPUT_POINTERS = frozenset({"Q_ptr", "Qs_ptr", "K_ptr", "V_ptr", "dO_ptr", "dOs_ptr", "Out_ptr", "dQout_ptr", "dKout_ptr", "dVout_ptr"})
 INT32_POINTERS = frozenset({"lo_ptr", "hi_ptr", "perm_ptr", "rank_ptr", "first_ptr", "last_ptr", "tile_lo_ptr", "tile_hi_ptr",
@@ -47,60 +45,9 @@ UNUSED_DESCRIPTORS = frozenset({"k_desc", "v_desc", "q_desc", "do_desc"})  # the
 FLOATS = frozenset({"qk_scale", "sm_scale"})
 
 
-@dataclass(frozen=True)
-class KernelSpec:
-    """One Triton kernel of a part: where it lives and its compile-time values from the part's
-    (block_m, block_n, warps, stages) and the head dim."""
-
-    module: str
-    name: str
-    constexprs: Callable[[int, int, int], dict]  # (block_m, block_n, block_d) -> constexprs
-
-    def kernel(self):
-        """The ``triton.jit`` function."""
-        return getattr(importlib.import_module(self.module), self.name)
-
-
-def _attention_tiles(m: int, n: int, d: int) -> dict:
-    return dict(D_HEAD=d, BLOCK_D=d, BLOCK_M=m, BLOCK_N=n, HAS_MASK=False, UPCAST=False)
-
-
-def _pointer_tiles(m: int, n: int, d: int) -> dict:  # kernels with a TMA path, compiled without it
-    return dict(_attention_tiles(m, n, d), KV_TMA=False)
-
-
-def _forward_tiles(m: int, n: int, d: int) -> dict:  # the forward's kernels over every tile (no mask)
-    return dict(_pointer_tiles(m, n, d), TILES=0)
-
-
-def _window_dkdv_tiles(m: int, n: int, d: int) -> dict:  # the whole group in one part: the span part added in-kernel
-    return dict(_attention_tiles(m, n, d), ATOMIC_ADD=False, ROWS_TMA=False)
-
-
-def _swapped_tiles(m: int, n: int, d: int) -> dict:  # the dQ kernel's tiles are the dK/dV kernel's, transposed
-    return _pointer_tiles(n, m, d)
-
-
-def _span_tiles(m: int, n: int, d: int) -> dict:  # its edge-block TMA path off too
-    return dict(_forward_tiles(m, n, d), K_SPANS=K_SPANS, HAS_WINDOW=True, EDGE_TMA=False)
-
-
-def _backward_span_tiles(m: int, n: int, d: int) -> dict:
-    return dict(_attention_tiles(m, n, d), K_SPANS=K_SPANS)
-
-
-_K = "superlinear_ops.ops.span_attention."
-COVERED: dict[str, dict[str, tuple[KernelSpec, ...]]] = {  # variant -> part -> kernels (parts read f"{part}_{tunable}")
-    "span_forward/tc_tiles": {
-        "window": (KernelSpec(_K + "window_forward", "window_attention_kernel", _forward_tiles),),
-        "span": (KernelSpec(_K + "tile_forward", "span_tile_kernel", _span_tiles),),
-    },
-    "span_backward/tc_tiles": {
-        "window": (KernelSpec(_K + "window_backward", "window_dkdv_kernel", _window_dkdv_tiles),
-                   KernelSpec(_K + "window_backward", "window_dq_kernel", _swapped_tiles)),
-        "span": (KernelSpec(_K + "tile_backward", "span_tile_backward_kernel", _backward_span_tiles),),
-    },
-}
+def covered() -> dict[str, dict[str, tuple[KernelSpec, ...]]]:
+    """'op/name' -> part -> kernels, for every registered variant that declares compiled parts."""
+    return {v.qualified_name: v.compiled_parts for v in REGISTRY.all() if v.compiled_parts}
 
 
 def _pointer_type(name: str, dtype: str) -> str:
@@ -171,13 +118,11 @@ def compile_one(spec: KernelSpec, arch: str, tiles: Sequence[int], dtype: str = 
 
 def _job(args: tuple) -> tuple[tuple, list]:
     variant, part, arch, tiles, dtype, block_d = args
-    return args, [compile_one(spec, arch, tiles, dtype, block_d).encode() for spec in COVERED[variant][part]]
+    return args, [compile_one(spec, arch, tiles, dtype, block_d).encode() for spec in covered()[variant][part]]
 
 
 def part_values(variant: str, part: str) -> list[tuple[int, ...]]:
     """The distinct (block_m, block_n, warps, stages) that ``variant``'s declared configurations give ``part``."""
-    from .registry import REGISTRY
-
     op, name = variant.split("/")
     names = [f"{part}_{t}" for t in TC_TUNABLES]
     return sorted({tuple(config[k] for k in names) for config in REGISTRY.get(op, name).configs()})
@@ -195,8 +140,6 @@ def spread(values: list, count: int | None) -> list:
 def report(table: dict) -> list[str]:
     """Readable lines: per variant, arch and part, the tile sets that cannot run and why, and how many
     of the variant's declared configurations that rules out."""
-    from .registry import REGISTRY
-
     lines = [f"table {table.get('key')} (Triton {table.get('triton')}; {table.get('generation_s', '?')} s to generate)"]
     for variant, entry in sorted(table.get("variants", {}).items()):
         op, name = variant.split("/")
@@ -221,7 +164,7 @@ def report(table: dict) -> list[str]:
 
 def generate(
     archs: Sequence[str] = tuple(ARCH_LIMITS),
-    variants: Sequence[str] = tuple(COVERED),
+    variants: Sequence[str] | None = None,
     sample: int | None = None,
     workers: int | None = None,
     reuse: dict | None = None,
@@ -231,14 +174,13 @@ def generate(
     """The table for ``archs`` x ``variants`` (``sample``: only the first N tiles of each part);
     entries of ``reuse`` (an earlier table) with the same code hash are kept, not recompiled, and so
     are its other variants whose code hash still matches (regenerating one variant keeps the rest)."""
-    from .registry import REGISTRY
-
+    variants = tuple(covered()) if variants is None else variants
     for arch in archs:
         if arch not in ARCH_LIMITS:
             raise ValueError(f"archs: {arch!r} is not one of {tuple(ARCH_LIMITS)}")
     for variant in variants:
-        if variant not in COVERED:
-            raise ValueError(f"variants: {variant!r} is not one of {tuple(COVERED)}")
+        if variant not in covered():
+            raise ValueError(f"variants: {variant!r} is not one of {tuple(covered())}")
     import triton
 
     started = time.monotonic()
@@ -251,7 +193,7 @@ def generate(
         code_hash = REGISTRY.get(op, name).code_hash
         kept = old.get(variant, {}) if old.get(variant, {}).get("code_hash") == code_hash else {}
         entry = table["variants"][variant] = {"code_hash": code_hash, "parts": {}}
-        for part, specs in COVERED[variant].items():
+        for part, specs in covered()[variant].items():
             results = entry["parts"][part] = {"kernels": [s.name for s in specs], "results": {a: {} for a in archs}}
             values = spread(part_values(variant, part), sample)
             for arch in archs:
@@ -262,7 +204,7 @@ def generate(
                     else:
                         jobs.append((variant, part, arch, tiles, dtype, block_d))
     for variant, entry in old.items():  # the variants not asked for, where the code has not changed
-        if variant in COVERED and variant not in table["variants"] and entry.get("code_hash") == REGISTRY.get(*variant.split("/")).code_hash:
+        if variant in covered() and variant not in table["variants"] and entry.get("code_hash") == REGISTRY.get(*variant.split("/")).code_hash:
             table["variants"][variant] = entry
     log.info("compiling %d kernel parts (%d reused)", len(jobs), sum(
         len(r) for v in table["variants"].values() for p in v["parts"].values() for r in p["results"].values()))

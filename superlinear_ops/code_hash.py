@@ -99,10 +99,13 @@ def _imported(node: ast.ImportFrom, obj: object) -> Iterator[object]:
 
 
 def _references(obj: object) -> Iterator[object]:
-    """What ``obj``'s code names: globals, attributes of package modules, in-body imports, closures."""
+    """What ``obj``'s code names: globals, attributes of package modules, in-body imports, closures.
+    A name an in-body import binds is that import's object, never a module global of the same name."""
     namespace = _namespace(obj)
-    for node in ast.walk(_source(obj)[1]):
-        if isinstance(node, ast.Name) and node.id in namespace:
+    tree = _source(obj)[1]
+    imported = {alias.asname or alias.name for node in ast.walk(tree) if isinstance(node, ast.ImportFrom) for alias in node.names}
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Name) and node.id in namespace and node.id not in imported:
             yield namespace[node.id]
         elif isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name):
             module = namespace.get(node.value.id)

@@ -63,7 +63,7 @@ def superlinear_attention(
         )[0]
 
     return attention_layer(Q1, K, anchors, positions, attention_mask, settings, span_attention, Q2.dtype,
-                           search_scores=scores)
+                           torch_ops.LAYER_STEPS, search_scores=scores)
 
 
 def _slots(num_spans: int, topk: int | None) -> int:

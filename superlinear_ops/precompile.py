@@ -7,6 +7,7 @@ JIT-compile a Triton kernel nor build a geometry table.
 from __future__ import annotations
 
 import logging
+import sys
 from collections.abc import Iterable
 
 import torch
@@ -19,7 +20,7 @@ log = logging.getLogger(__name__)
 
 def warmup_problem(problem: Problem, device: torch.device) -> None:
     """Run ``problem``'s public op once on zero inputs (its op's spec: forward and backward for span_backward)."""
-    REGISTRY.spec(problem.op).warmup(problem, device)
+    REGISTRY.spec(problem.op).warmup(problem, device, sys.modules[__package__])
 
 
 def warmup(problems: Iterable[Problem], device: torch.device | str | None = None) -> int:

@@ -14,13 +14,16 @@ from typing import NamedTuple
 import torch
 
 from . import geometry
-from .ops.gate.names import GATE, GATE_BACKWARD, GATE_SCORES, GATE_SCORES_BACKWARD
 from .registry import REGISTRY
 
 SPAN_FORWARD = "span_forward"
 SPAN_BACKWARD = "span_backward"
 STAGED_DECODE = "staged_decode"
 ATTENTION_LAYER = "attention_layer"
+GATE_SCORES = "gate_scores"  # v_j = Q1 . K[anchor_j]
+GATE_SCORES_BACKWARD = "gate_scores_backward"  # (dQ1, dK) of the gate scores
+GATE = "gate"  # O = sum_j softmax(v)_j O_j
+GATE_BACKWARD = "gate_backward"  # (d scores, d span outputs) of the gate
 OPS = (SPAN_FORWARD, SPAN_BACKWARD, STAGED_DECODE, ATTENTION_LAYER,  # the library's own (REGISTRY.ops: all declared)
        GATE_SCORES, GATE_SCORES_BACKWARD, GATE, GATE_BACKWARD)
 _DTYPE_NAMES = {dt: str(dt).removeprefix("torch.") for dt in (torch.float16, torch.bfloat16, torch.float32, torch.float64)}

@@ -1,8 +1,8 @@
 """The ops registry: every kernel variant of every op, its tunable space, and when it applies.
 
-A variant declares (see ``variants.py``, where all declarations live):
-- ``launch``: the callable that runs it (its signature is the op's, see ``variants.py``); the code
-  it reaches is what a tuned entry's validity follows (``code_hash``);
+A variant declares (each op's ``variants`` module under ``ops/`` holds its declarations, one block each):
+- ``launch``: the callable that runs it (its signature is the op's, see the op's ``variants``); the
+  code it reaches is what a tuned entry's validity follows (``code_hash``);
 - ``space``: its own tunable compile-time parameters by name, each with its candidate values, and
   ``constraints`` between them; a configuration is a ``KernelConfig`` of exactly those names;
 - ``reasons(problem)``: why it does not apply to a problem (empty: it applies);
@@ -13,17 +13,21 @@ A variant declares (see ``variants.py``, where all declarations live):
 - ``default(problem)``: the heuristic configuration used when nothing tuned is known;
 - ``priority``: lower is preferred when the dispatcher falls back to defaults;
 - ``baseline``: kept for comparison and as a fallback where faster variants do not apply; the
-  tuner searches baselines only for problems that no other variant serves.
+  tuner searches baselines only for problems that no other variant serves;
+- ``compiled_parts``: for variants whose kernels ``superlinear-ops archcheck`` compiles ahead of
+  time, each kernel part (the tunables it reads are ``{part}_{name}``) and its ``KernelSpec``s.
 The tuner searches what is declared here and the dispatcher chooses from it. Each op is declared
 first by its spec (``ops.spec.OpSpec``, ``add_op``): what the tuner, bench, verify and warm-up know of it.
+``ops.register_builtin`` declares the library's ops and variants.
 """
 
 from __future__ import annotations
 
 import functools
+import importlib
 import itertools
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from .code_hash import code_hash
@@ -31,6 +35,20 @@ from .launch import KernelConfig
 
 if TYPE_CHECKING:  # the problem module checks ops through the registry
     from .problem import Problem
+
+
+@dataclass(frozen=True)
+class KernelSpec:
+    """One Triton kernel of a variant's part, compiled ahead of time: its module, its name, and its
+    compile-time values from the part's (block_m, block_n) and the padded head dim."""
+
+    module: str
+    name: str
+    constexprs: Callable[[int, int, int], dict]  # (block_m, block_n, block_d) -> constexprs
+
+    def kernel(self):
+        """The ``triton.jit`` function."""
+        return getattr(importlib.import_module(self.module), self.name)
 
 
 @dataclass(frozen=True)
@@ -56,6 +74,7 @@ class Variant:
     description: str = ""
     constraints: tuple[Callable[[KernelConfig], str | None], ...] = ()
     baseline: bool = False
+    compiled_parts: dict[str, tuple[KernelSpec, ...]] = field(default_factory=dict, compare=False)
 
     @property
     def qualified_name(self) -> str:

@@ -22,9 +22,10 @@ from torch import Tensor
 
 from . import dispatch, geometry
 from .launch import LaunchGeometry
-from .ops.layer.steps import anchor_spans, gate_backward, gate_forward, gate_scores_backward, gate_scores_forward
+from .ops.layer.composition import LayerSteps
+from .ops.layer.spans import anchor_spans
 from .ops.layer_search.reference import padded
-from .problem import SPAN_BACKWARD, SPAN_FORWARD, STAGED_DECODE, Problem
+from .problem import GATE, GATE_BACKWARD, GATE_SCORES, GATE_SCORES_BACKWARD, SPAN_BACKWARD, SPAN_FORWARD, STAGED_DECODE, Problem
 from .registry import REGISTRY
 from .settings import SpanSettings
 
@@ -283,6 +284,13 @@ def _layer_search_fake(q1, k, cache_position, attention_mask, sw_index, topk, *a
     return q1.new_empty(*q1.shape[:3], topk, dtype=torch.int64), q1.new_empty(*q1.shape[:3], topk, dtype=dtype)
 
 
+def _chosen(op: str, *call: Tensor) -> tuple:
+    """The dispatcher's (variant, configuration) for the problem of ``op``'s call on ``call``
+    (memoised per key: no host synchronisation, safe during CUDA graph capture)."""
+    selected = dispatch.select(REGISTRY.spec(op).problem_of(*call))
+    return selected.variant, selected.config
+
+
 @_custom_op("layer_spans")
 def layer_spans(
     anchors: Tensor,
@@ -309,8 +317,10 @@ def _layer_spans_fake(anchors, *args):
 
 @_custom_op("layer_gate")
 def layer_gate(scores: Tensor, span_out: Tensor, dtype: torch.dtype) -> Tensor:
-    """O = sum_j softmax(scores)_j O_j [B, Hq, Lq, D] in ``dtype`` (``layer.attention.gate_forward``)."""
-    return gate_forward(scores, span_out, dtype)
+    """O = sum_j softmax(scores)_j O_j [B, Hq, Lq, D] in ``dtype`` for scores [B, Hq, Lq, topk] and span
+    outputs [B, Hq, Lq, topk, D]."""
+    variant, config = _chosen(GATE, scores, span_out)
+    return variant.launch(scores, span_out, dtype, config)
 
 
 @layer_gate.register_fake
@@ -320,8 +330,10 @@ def _layer_gate_fake(scores, span_out, dtype):
 
 @_custom_op("layer_gate_backward")
 def layer_gate_backward(scores: Tensor, span_out: Tensor, grad: Tensor) -> tuple[Tensor, Tensor]:
-    """(d scores, d span outputs) of ``layer_gate``."""
-    return gate_backward(scores, span_out, grad)
+    """(d scores, d span outputs) of ``layer_gate`` for ``grad`` [B, Hq, Lq, D]: dO_j = g_j grad and
+    dv_j = g_j (s_j - sum_k g_k s_k) with s_j = grad . O_j."""
+    variant, config = _chosen(GATE_BACKWARD, scores, span_out)
+    return variant.launch(scores, span_out, grad, config)
 
 
 @layer_gate_backward.register_fake
@@ -332,8 +344,10 @@ def _layer_gate_backward_fake(scores, span_out, grad):
 
 @_custom_op("layer_gate_scores")
 def layer_gate_scores(q1: Tensor, k: Tensor, anchors: Tensor) -> Tensor:
-    """Gate scores Q1 . K[anchor] [B, Hq, Lq, topk] (``layer.attention.gate_scores_forward``)."""
-    return gate_scores_forward(q1, k, anchors)
+    """Gate scores v_j = Q1[b, h, q] . K[b, kv(h), anchor_j] [B, Hq, Lq, topk], fp32 (float64 for float64
+    inputs), EMPTY_SCORE where the anchor is -1."""
+    variant, config = _chosen(GATE_SCORES, q1, k, anchors)
+    return variant.launch(q1, k, anchors, config)
 
 
 @layer_gate_scores.register_fake
@@ -343,8 +357,10 @@ def _layer_gate_scores_fake(q1, k, anchors):
 
 @_custom_op("layer_gate_scores_backward")
 def layer_gate_scores_backward(q1: Tensor, k: Tensor, anchors: Tensor, grad: Tensor) -> tuple[Tensor, Tensor]:
-    """(dQ1, dK) of ``layer_gate_scores``."""
-    return gate_scores_backward(q1, k, anchors, grad)
+    """(dQ1, dK) of ``layer_gate_scores`` for ``grad`` [B, Hq, Lq, topk]: dQ1 = sum_j dv_j K[anchor_j] and
+    dK[anchor_j] += dv_j Q1 (many slots share a row); empty slots pass no gradient."""
+    variant, config = _chosen(GATE_SCORES_BACKWARD, q1, k, anchors)
+    return variant.launch(q1, k, anchors, grad, config)
 
 
 @layer_gate_scores_backward.register_fake
@@ -385,3 +401,18 @@ def _no_double_backward(call, ctx, *grads):
 # The backward ops are differentiable only in name: differentiating them raises one clear error.
 for _op in (span_backward, layer_gate_backward, layer_gate_scores_backward):
     _register_autograd(_op, _no_double_backward, _no_context)
+
+
+def _spans_step(anchors: Tensor, cache_position: Tensor, attention_mask: Tensor | None, key_length: int,
+                settings: SpanSettings) -> tuple[Tensor, Tensor]:
+    power = settings.params.arguments
+    return run(layer_spans, anchors, cache_position, attention_mask, key_length, settings.sw_index, settings.backward_factor,
+               settings.forward_factor, settings.span_power, power["search_power"], power["inv_search_power_int"])
+
+
+# The whole layer's steps after the search as these custom ops (``ops.layer.composition``).
+LAYER_STEPS = LayerSteps(
+    spans=_spans_step,
+    gate_scores=lambda q1, k, anchors: run(layer_gate_scores, q1, k, anchors),
+    gate=lambda scores, span_out, dtype: run(layer_gate, scores, span_out, dtype),
+)

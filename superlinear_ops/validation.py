@@ -182,3 +182,8 @@ def check_span_contract(qstart, qend, cache_position, key_length: int, window: i
                 f"a span ends inside the sliding window (window length {window}): spans must end "
                 "before pos - W + 1"
             )
+
+
+def requires_grad(*inputs: torch.Tensor) -> bool:
+    """True when autograd records a call on ``inputs`` (grad mode on and one of them requires grad)."""
+    return torch.is_grad_enabled() and any(t.requires_grad for t in inputs)

@@ -16,14 +16,14 @@ from helpers import LaunchSpy
 
 from superlinear_ops import arch_check
 from superlinear_ops.arch_check import ARCH_LIMITS, Resources, compiled_reason, shipped_table, summary, use_table
-from superlinear_ops.arch_compile import COVERED, config_key, generate, part_values
+from superlinear_ops.arch_compile import config_key, covered, generate, part_values
 from superlinear_ops.buckets import key_of
 from superlinear_ops.cli import main
 from superlinear_ops.dispatch import Dispatcher, LayerAnswer, TunedChoice
 from superlinear_ops.launch import KernelConfig
+from superlinear_ops.ops.rules import SHARED_MEMORY_BYTES
 from superlinear_ops.problem import SPAN_FORWARD, DeviceIdentity, Problem
 from superlinear_ops.registry import REGISTRY
-from superlinear_ops.variant_rules import SHARED_MEMORY_BYTES
 
 A100 = DeviceIdentity("NVIDIA A100", "sm_80", 108)
 FORWARD = REGISTRY.get("span_forward", "tc_tiles")
@@ -44,7 +44,7 @@ def gpu(arch: str) -> DeviceIdentity:
 def planted():
     """A table (forward only) whose sm_80 window tiles 64/64/4/2 need more shared memory than sm_80 has."""
     parts = {}
-    for part, specs in COVERED["span_forward/tc_tiles"].items():
+    for part, specs in covered()["span_forward/tc_tiles"].items():
         results = {key: [[20000, 128, 0, 0, 128]] * len(specs) for key in map(config_key, part_values("span_forward/tc_tiles", part))}
         parts[part] = {"kernels": [s.name for s in specs], "results": {"sm_80": dict(results), "sm_90": dict(results)}}
     parts["window"]["results"]["sm_80"]["64/64/4/2"] = [[170000, 128, 0, 0, 128]]
@@ -134,7 +134,7 @@ def test_explain_command_lists_what_cannot_run_on_a_named_arch(capsys) -> None:
 def test_shipped_table_covers_every_declared_configuration_for_the_current_code() -> None:
     table = shipped_table()
     assert table["key"] == "16bit/d128" and table["archs"] == list(ARCH_LIMITS)
-    for variant, parts in COVERED.items():
+    for variant, parts in covered().items():
         entry = table["variants"][variant]
         op, name = variant.split("/")
         assert entry["code_hash"] == REGISTRY.get(op, name).code_hash, f"{variant}: regenerate with `superlinear-ops archcheck`"
@@ -180,10 +180,10 @@ SAMPLE = [  # (variant, part, tiles): the smallest tiles, and large ones over th
 ]
 COMPILE_SAMPLE = """
 import json, sys
-from superlinear_ops.arch_compile import COVERED, compile_one
+from superlinear_ops.arch_compile import compile_one, covered
 out = []
 for variant, part, arch, tiles in json.loads(sys.argv[1]):
-    out.append([compile_one(spec, arch, tiles).encode() for spec in COVERED[variant][part]])
+    out.append([compile_one(spec, arch, tiles).encode() for spec in covered()[variant][part]])
 print(json.dumps(out))
 """
 
@@ -227,23 +227,16 @@ def test_compiled_signatures_take_the_pointer_types_the_launchers_pass(monkeypat
     int64, ...); the descriptors' tensors as the pointer path (``KV_TMA``/``ROWS_TMA`` off) takes them."""
     from superlinear_ops.arch_compile import UNUSED_DESCRIPTORS, signature
     from superlinear_ops.launch import LaunchGeometry
-    from superlinear_ops.ops.span_attention import (
-        tile_backward as span_tc_backward,
-    )
-    from superlinear_ops.ops.span_attention import (
-        tile_forward as span_tc_forward,
-    )
-    from superlinear_ops.ops.span_attention import (
-        window_backward as window_tc_backward,
-    )
-    from superlinear_ops.ops.span_attention import (
-        window_forward as window_attention,
-    )
+    from superlinear_ops.ops.span_attention import tile_backward as span_tc_backward
+    from superlinear_ops.ops.span_attention import tile_forward as span_tc_forward
+    from superlinear_ops.ops.span_attention import window_backward as window_tc_backward
+    from superlinear_ops.ops.span_attention import window_forward as window_attention
+    from superlinear_ops.ops.span_attention.variants import TC_BACKWARD_DEFAULTS
 
     for module in (window_attention, span_tc_forward, window_tc_backward):  # the pointer path, as compiled
         monkeypatch.setattr(module, "row_descriptors", lambda *_: None)
     monkeypatch.setattr(window_tc_backward, "key_value_descriptors", lambda *_: None)
-    specs = {spec.name: spec for parts in COVERED.values() for kernels in parts.values() for spec in kernels}
+    specs = {spec.name: spec for parts in covered().values() for kernels in parts.values() for spec in kernels}
     spies = {name: LaunchSpy(spec.kernel(), tma_flag=None) for name, spec in specs.items()}
     for name, spec in specs.items():
         monkeypatch.setattr(f"{spec.module}.{name}", spies[name])
@@ -258,7 +251,7 @@ def test_compiled_signatures_take_the_pointer_types_the_launchers_pass(monkeypat
     geo = LaunchGeometry.prepare(q, k, v, qstart, qend, cache_position, None, 6)
     tiles = {**SMALL, "window_head_split": 1, "span_sort_block": 16}
     out, lse = span_tc_forward.span_forward_tc(geo, tiles)
-    span_tc_backward.span_backward_tc(geo, {**span_tc_backward.SPAN_TC_BACKWARD_DEFAULTS, **tiles}, out, lse,
+    span_tc_backward.span_backward_tc(geo, {**TC_BACKWARD_DEFAULTS, **tiles}, out, lse,
                                       torch.randn(out.shape, generator=gen).to(torch.bfloat16))
 
     for name, spec in specs.items():

@@ -161,7 +161,7 @@ def test_grouped_first_allowed_key_is_read_only_before_the_window(name: str, gen
 
 
 def test_bool_masks_reach_the_grouped_kernels_without_a_copy() -> None:
-    from superlinear_ops.ops.staged_decode.grouped_kernels import mask_operand
+    from superlinear_ops.ops.staged_decode.group_stage import mask_operand
 
     mask = torch.ones(2, 64, dtype=torch.bool)
     assert mask_operand(mask).dtype == torch.uint8 and mask_operand(mask).data_ptr() == mask.data_ptr()

@@ -26,8 +26,7 @@ from superlinear_ops.buckets import key_of
 from superlinear_ops.cli import main
 from superlinear_ops.dispatch import LayerAnswer, TunedChoice
 from superlinear_ops.launch import KernelConfig
-from superlinear_ops.ops.gate.names import GATE, GATE_BACKWARD, GATE_SCORES, GATE_SCORES_BACKWARD
-from superlinear_ops.problem import DeviceIdentity, Problem, device_identity
+from superlinear_ops.problem import GATE, GATE_BACKWARD, GATE_SCORES, GATE_SCORES_BACKWARD, DeviceIdentity, Problem, device_identity
 from superlinear_ops.registry import REGISTRY, Variant
 from superlinear_ops.tuner import runner
 from superlinear_ops.tuner.nan_fill import nan_prefilled
@@ -412,7 +411,7 @@ def test_the_layer_reference_run_is_pytorch_in_float64(launches: Launches) -> No
 
 def test_warmup_resolves_every_gate_choice(gen: torch.Generator) -> None:
     """After ``warmup`` of the four gate problems, gate calls of their shape resolve no choice."""
-    from superlinear_ops.ops.layer import steps as attention
+    from superlinear_ops import torch_ops
 
     device = device_identity(CPU)
     problems = [REGISTRY.spec(op).canonical(Problem(op, "float32", 64, 4, 2, 3, 8, 32, 2, False, 0, "int2", device))
@@ -421,11 +420,11 @@ def test_warmup_resolves_every_gate_choice(gen: torch.Generator) -> None:
     before = dispatch.DISPATCHER.resolutions
     q1, k = torch.randn(2, 4, 8, 64, generator=gen), torch.randn(2, 2, 32, 64, generator=gen)
     anchors = torch.randint(-1, 32, (2, 4, 8, 3), generator=gen)
-    scores = attention.gate_scores_forward(q1, k, anchors)
-    attention.gate_scores_backward(q1, k, anchors, torch.randn(scores.shape, generator=gen))
+    scores = torch_ops.layer_gate_scores(q1, k, anchors)
+    torch_ops.layer_gate_scores_backward(q1, k, anchors, torch.randn(scores.shape, generator=gen))
     span_out = torch.randn(2, 4, 8, 3, 64, generator=gen)
-    attention.gate_forward(scores, span_out, torch.float32)
-    attention.gate_backward(scores, span_out, torch.randn(2, 4, 8, 64, generator=gen))
+    torch_ops.layer_gate(scores, span_out, torch.float32)
+    torch_ops.layer_gate_backward(scores, span_out, torch.randn(2, 4, 8, 64, generator=gen))
     assert dispatch.DISPATCHER.resolutions == before, "a gate choice was resolved after warm-up"
 
 

@@ -20,7 +20,7 @@ from helpers import GRADIENT_SPREAD, TRITON_SEARCHES, SearchSpies, assert_close,
 
 from superlinear_ops import geometry, layer_api, torch_ops
 from superlinear_ops.launch import KernelConfig
-from superlinear_ops.ops.gate.names import EMPTY_SCORE
+from superlinear_ops.ops.gate import EMPTY_SCORE
 from superlinear_ops.ops.layer.composition import attention_layer
 from superlinear_ops.ops.layer_search.reference import Found
 from superlinear_ops.problem import Problem
@@ -517,7 +517,7 @@ def test_bad_inputs_raise_naming_the_argument(build, error, name: str, gen: torc
 def test_gate_scores_op_matches_a_gather_and_gives_empty_slots_no_gradient(dtype) -> None:
     """The gate-score op alone, with an arbitrary upstream gradient (empty slots included): the
     float32 inputs run the Triton kernels (interpreter), float64 the PyTorch path."""
-    from superlinear_ops.ops.layer.steps import EMPTY_SCORE
+    from superlinear_ops.ops.gate import EMPTY_SCORE
     from superlinear_ops.torch_ops import layer_gate_scores as gate_scores
 
     gen = torch.Generator().manual_seed(11)

@@ -16,8 +16,8 @@ import torch
 from helpers import poisoned_allocations
 
 from superlinear_ops import geometry
+from superlinear_ops.ops.layer.spans import spans_of_anchors
 from superlinear_ops.ops.layer.spans_kernel import BLOCK, spans_by_kernel
-from superlinear_ops.ops.layer.steps import spans_of_anchors
 from superlinear_ops.settings import SpanSettings
 
 POISON = 1 << 40  # what an unwritten entry holds

@@ -48,7 +48,7 @@ class ToyDouble(OpSpec):
     def dense(self, case, x):
         return DenseCalls("no dense counterpart", ())
 
-    def warmup(self, problem, device):
+    def warmup(self, problem, device, public):
         variant = REGISTRY.reference(TOY)
         variant.launch(torch.zeros(problem.batch, problem.q_heads, problem.queries, problem.head_dim), variant.default(problem))
 

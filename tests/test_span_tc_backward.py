@@ -9,7 +9,8 @@ from tile_cases import TileCase, random_spans
 
 from superlinear_ops.launch import LaunchGeometry
 from superlinear_ops.ops.span_attention.reference import span_backward_reference, span_forward_reference
-from superlinear_ops.ops.span_attention.tile_backward import SPAN_TC_BACKWARD_DEFAULTS, span_backward_tc
+from superlinear_ops.ops.span_attention.tile_backward import span_backward_tc
+from superlinear_ops.ops.span_attention.variants import TC_BACKWARD_DEFAULTS as SPAN_TC_BACKWARD_DEFAULTS
 from superlinear_ops.ops.span_attention.window_backward import window_tables
 
 SMALL = {**SPAN_TC_BACKWARD_DEFAULTS, "window_block_m": 16, "window_block_n": 16,

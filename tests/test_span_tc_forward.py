@@ -11,7 +11,8 @@ from tile_cases import TileCase, random_spans
 from superlinear_ops.launch import LaunchGeometry
 from superlinear_ops.ops.span_attention.reference import span_forward_reference
 from superlinear_ops.ops.span_attention.span_tiles import clamped_span_bounds, span_tile_plan
-from superlinear_ops.ops.span_attention.tile_forward import TC_FORWARD_DEFAULTS, span_forward_tc
+from superlinear_ops.ops.span_attention.tile_forward import span_forward_tc
+from superlinear_ops.ops.span_attention.variants import TC_FORWARD_DEFAULTS
 
 
 def check_against_reference(case, out, lse, ref_out, ref_lse, dtype=None):

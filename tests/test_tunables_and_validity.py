@@ -14,7 +14,6 @@ import sys
 import pytest
 from cache_helpers import make_entry
 
-from superlinear_ops import variant_rules
 from superlinear_ops.buckets import key_of
 from superlinear_ops.cache import yaml_file
 from superlinear_ops.cache.layers import YamlLayer
@@ -22,6 +21,7 @@ from superlinear_ops.cache.store import Store
 from superlinear_ops.cache.validity import why_unusable
 from superlinear_ops.dispatch import HEURISTIC, Dispatcher
 from superlinear_ops.launch import KernelConfig
+from superlinear_ops.ops.span_attention import variants as span_variants
 from superlinear_ops.problem import DeviceIdentity, Problem
 from superlinear_ops.registry import REGISTRY, Registry
 from superlinear_ops.tuner.search import candidate_of, params_of
@@ -192,7 +192,7 @@ def test_problems_of_one_bucket_get_one_answer_on_either_side_of_a_limit(monkeyp
     large = small._replace(keys=60_000)
     assert key_of(small) == key_of(large)
     per_key = 2 * 32 * 128 * 4
-    monkeypatch.setattr(variant_rules, "SPLIT_DKV_BUDGET_BYTES", 50_000 * per_key)
+    monkeypatch.setattr(span_variants, "SPLIT_DKV_BUDGET_BYTES", 50_000 * per_key)
     per_query = Registry()  # the variants whose rule reads the budget
     per_query.add_op(REGISTRY.spec("span_backward"))
     for variant in REGISTRY.variants("span_backward"):

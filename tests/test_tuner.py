@@ -22,13 +22,15 @@ from superlinear_ops.buckets import key_of
 from superlinear_ops.cache.store import Store, StoreError
 from superlinear_ops.cli import main
 from superlinear_ops.launch import KernelConfig
+from superlinear_ops.ops.rules import no_check, triton_reasons
+from superlinear_ops.ops.span_attention.variants import triton_forward
+from superlinear_ops.ops.staged_decode.variants import staged_decode_with
 from superlinear_ops.problem import STAGED_DECODE, DeviceIdentity, device_identity
 from superlinear_ops.registry import REGISTRY, Param, Variant
 from superlinear_ops.tuner.bench import DENSE_BACKENDS, lower_bound
 from superlinear_ops.tuner.search import SearchSettings, study_name
 from superlinear_ops.tuner.tune import open_storage, tune, unique_cases
 from superlinear_ops.tuner.workload import WorkloadError, load
-from superlinear_ops.variants import no_check, staged_decode_with, triton_forward, triton_reasons
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 QUICK = ROOT / "tuning" / "quick.yaml"

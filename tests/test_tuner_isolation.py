@@ -26,6 +26,9 @@ from superlinear_ops.cache.provenance import kernel_hash
 from superlinear_ops.cache.store import Store
 from superlinear_ops.cli import main
 from superlinear_ops.launch import KernelConfig
+from superlinear_ops.ops.rules import no_check, triton_reasons
+from superlinear_ops.ops.span_attention.variants import triton_forward
+from superlinear_ops.ops.staged_decode.variants import staged_decode_with
 from superlinear_ops.problem import STAGED_DECODE, device_identity
 from superlinear_ops.registry import REGISTRY, Param, Variant
 from superlinear_ops.tuner import faults
@@ -33,7 +36,6 @@ from superlinear_ops.tuner.runner import CandidateFailed, ProblemBench
 from superlinear_ops.tuner.search import SearchSettings, open_study, params_of
 from superlinear_ops.tuner.tune import open_storage, tune
 from superlinear_ops.tuner.workload import load
-from superlinear_ops.variants import no_check, staged_decode_with, triton_forward, triton_reasons
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 CPU = torch.device("cpu")

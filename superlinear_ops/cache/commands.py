@@ -6,20 +6,10 @@ import argparse
 import logging
 
 from . import yaml_file
-from .entry import FailureRecord
-from .provenance import kernel_hash, triton_version
 from .store import Store
-from .validity import why_stale, why_unusable
+from .validity import failure_is_current, why_stale, why_unusable
 
 log = logging.getLogger(__name__)
-
-
-def failure_is_current(record: FailureRecord) -> bool:
-    """True while ``record`` holds: its variant exists with the code and Triton it failed with."""
-    try:
-        return (record.kernel_hash, record.triton_version) == (kernel_hash(record.key.op, record.variant), triton_version())
-    except (KeyError, ValueError):
-        return False
 
 
 def show(args: argparse.Namespace) -> int:

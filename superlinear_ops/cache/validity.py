@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from ..buckets import ProblemKey
 from ..registry import REGISTRY
-from .entry import TunedEntry
+from .entry import FailureRecord, TunedEntry
 from .provenance import kernel_hash, major_minor, triton_version
 
 
@@ -43,3 +43,11 @@ def why_unusable(entry: TunedEntry, wanted: ProblemKey | None = None) -> str | N
     if major_minor(prov.triton_version) != major_minor(triton_version()):
         return f"measured with Triton {prov.triton_version}, installed {triton_version()}"
     return None
+
+
+def failure_is_current(record: FailureRecord) -> bool:
+    """True while ``record`` holds: its variant exists with the code and Triton it failed with."""
+    try:
+        return (record.kernel_hash, record.triton_version) == (kernel_hash(record.key.op, record.variant), triton_version())
+    except (KeyError, ValueError):
+        return False

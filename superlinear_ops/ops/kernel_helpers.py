@@ -195,3 +195,26 @@ def holds_nan(acc):
     NaN (that, or an attended value that is not finite: a second pass with the hidden values zeroed
     tells them apart)."""
     return tl.max((acc != acc).to(tl.int32)) > 0  # noqa: PLR0124 - NaN test
+
+
+@triton.jit
+def online_softmax_segment(
+    acc, m, l, q, K_ptr, V_ptr, kv_base, stride_kl, mask_ptr, mask_base,
+    lo, hi, offs_d, d_mask, qk_scale,
+    BLOCK_K: tl.constexpr, HAS_MASK: tl.constexpr,
+):
+    """Online softmax (log2 domain) of one query over keys lo..hi in ``BLOCK_K`` blocks, folded into
+    the running (acc, m, l)."""
+    for start in range(lo, hi + 1, BLOCK_K):
+        s2, k, v, offs_k, kv_mask = scored_block(
+            q, K_ptr, V_ptr, kv_base, stride_kl, mask_ptr, mask_base,
+            start, hi, offs_d, d_mask, qk_scale, BLOCK_K, HAS_MASK,
+        )
+        m_new = tl.maximum(m, tl.max(s2, axis=0))
+        m_ref = tl.where(m_new == float("-inf"), 0.0, m_new)
+        alpha = tl.exp2(m - m_ref)
+        p = tl.exp2(s2 - m_ref)
+        l = l * alpha + tl.sum(p, axis=0)
+        acc = acc * alpha + tl.sum(p[:, None] * v, axis=0)
+        m = m_new
+    return acc, m, l

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
+from types import ModuleType
 from typing import TYPE_CHECKING, ClassVar
 
 import torch
@@ -37,6 +38,9 @@ TOLERANCE = {"float32": 1e-4, "float16": 1e-2, "bfloat16": 4e-2}  # max |error| 
 
 # The configuration each part of a candidate's run takes: part name -> (variant, configuration).
 Parts = dict[str, tuple["Variant", KernelConfig]]
+# The public API as warm-up calls it (the package itself: ``superlinear_ops``), handed down by
+# ``precompile`` so that no op spec imports the layers above it.
+PublicOps = ModuleType
 # make_call(expand) -> a call of dense SDPA; ``expand`` repeats K/V to every query head.
 DenseCall = Callable[[bool], Callable[[], object]]
 
@@ -140,14 +144,12 @@ class OpSpec:
 
         return DenseCalls("causal" if causal else "no causal mask", (forward_call,))
 
-    def warmup(self, problem: Problem, device: torch.device) -> None:
+    def warmup(self, problem: Problem, device: torch.device, public: PublicOps) -> None:
         """Run the public op once on zero inputs of ``problem``'s shape (the dispatcher's choice)."""
-        self.public_call(problem, zero_inputs(problem, device), requires_grad=False)
+        self.public_call(problem, zero_inputs(problem, device), public, requires_grad=False)
 
-    def public_call(self, problem: Problem, x: Inputs, requires_grad: bool) -> torch.Tensor:
+    def public_call(self, problem: Problem, x: Inputs, public: PublicOps, requires_grad: bool) -> torch.Tensor:
         """The public span op on ``x`` (Q requiring grad when ``requires_grad``)."""
-        from .. import api
-
         q = x.q.requires_grad_(requires_grad)
-        return api.fused_span_attention_gqa(q, x.k, x.v, x.qstart, x.qend, x.cache_position, x.mask, problem.sw_index,
+        return public.fused_span_attention_gqa(q, x.k, x.v, x.qstart, x.qend, x.cache_position, x.mask, problem.sw_index,
                                             **problem.params.arguments)

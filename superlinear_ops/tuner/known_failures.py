@@ -7,10 +7,10 @@ import datetime
 import socket
 
 from ..buckets import ProblemKey
-from ..cache.commands import failure_is_current
 from ..cache.entry import FailureRecord
 from ..cache.provenance import kernel_hash, package_version, triton_version
 from ..cache.store import Store
+from ..cache.validity import failure_is_current
 from ..launch import KernelConfig
 from .faults import Failure
 

@@ -20,7 +20,7 @@ import triton.language as tl
 
 from ...buckets import next_power_of_two
 from ...launch import KernelConfig, unit_stride
-from .names import EMPTY_SCORE as EMPTY_SLOT_SCORE
+from . import EMPTY_SCORE as EMPTY_SLOT_SCORE
 
 EMPTY_SCORE = tl.constexpr(EMPTY_SLOT_SCORE)
 

@@ -7,9 +7,9 @@ from dataclasses import dataclass
 
 import torch
 
-from ...problem import Problem
+from ...problem import GATE_SCORES, GATE_SCORES_BACKWARD, Problem
 from ..inputs import FloatCast
-from .names import EMPTY_SCORE, GATE_SCORES, GATE_SCORES_BACKWARD
+from . import EMPTY_SCORE
 from .spec import EMPTY_SLOTS, UNSEEN, GateOp
 
 

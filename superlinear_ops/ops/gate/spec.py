@@ -12,11 +12,10 @@ from dataclasses import dataclass
 
 import torch
 
-from ... import dispatch
-from ...problem import Problem, device_identity
+from ...problem import GATE, GATE_BACKWARD, Problem, device_identity
 from ..inputs import FloatCast
-from ..spec import DenseCalls, OpSpec
-from .names import EMPTY_SCORE, GATE, GATE_BACKWARD
+from ..spec import DenseCalls, OpSpec, PublicOps
+from . import EMPTY_SCORE
 
 UNSEEN = dict(masked=False, sw_index=0, power="int2")  # what a gate call does not see, fixed
 EMPTY_SLOTS = 0.125  # fraction of empty slots (anchor -1, score EMPTY_SCORE) in random inputs
@@ -56,9 +55,9 @@ class GateOp(OpSpec):
     def dense(self, case, x) -> DenseCalls:
         return DenseCalls("no dense counterpart (a step of the layer)", ())
 
-    def warmup(self, problem: Problem, device: torch.device) -> None:
+    def warmup(self, problem: Problem, device: torch.device, public: PublicOps) -> None:
         """Run the dispatcher's choice for ``problem`` once on random inputs of its shape."""
-        choice = dispatch.select(problem)
+        choice = public.select(problem)
         self.run(choice.variant, choice.config, problem, self.random(problem, device, torch.Generator(device=device).manual_seed(0)), {})
 
 

@@ -16,7 +16,7 @@ import torch
 from ... import geometry
 from ...launch import KernelConfig
 from ...settings import SpanSettings
-from ..gate.names import EMPTY_SCORE
+from ..gate import EMPTY_SCORE
 
 SCORE_CHUNK_BYTES = 1 << 28  # gathered stripe keys held at once
 

@@ -13,13 +13,12 @@ import torch
 
 from ... import geometry
 from ...launch import LaunchGeometry
-from ...problem import ATTENTION_LAYER, SPAN_FORWARD, Problem
+from ...problem import ATTENTION_LAYER, GATE, GATE_SCORES, SPAN_FORWARD, Problem
 from ...registry import REGISTRY
 from ...settings import SpanSettings
-from ..gate.names import GATE, GATE_SCORES
 from ..inputs import Inputs
-from ..layer.composition import GateChoices, attention_layer
-from ..spec import OpSpec, Parts, zero_inputs
+from ..layer.composition import attention_layer, explicit_steps
+from ..spec import OpSpec, Parts, PublicOps, zero_inputs
 
 SPAN, SCORES, GATE_PART = "span", "gate_scores", "gate"  # the parts: span attention, gate scores, gate
 
@@ -48,9 +47,9 @@ class AttentionLayer(OpSpec):
             geo = LaunchGeometry.prepare(x.q, x.k, x.v, qstart, qend, x.cache_position, x.mask, problem.window)
             return span.launch(geo, span_config)[0]
 
-        gates = GateChoices(parts[SCORES], parts[GATE_PART])
+        steps = explicit_steps(parts[SCORES], parts[GATE_PART])
         return (attention_layer(x.q1, x.k, found.anchors, x.cache_position, x.mask, settings, span_attention, x.q.dtype,
-                                gates, found.scores),)
+                                steps, found.scores),)
 
     def traffic(self, case) -> tuple[float, float]:
         """The span attention's, plus the search: one stripe key per (query head, query, stripe), and Q1."""
@@ -61,12 +60,10 @@ class AttentionLayer(OpSpec):
         flops += 2.0 * p.batch * p.q_heads * p.queries * stripes * p.head_dim
         return bytes_ + p.batch * p.q_heads * p.queries * p.head_dim * elem, flops
 
-    def warmup(self, problem: Problem, device: torch.device) -> None:
-        from ...layer_api import superlinear_attention
-
+    def warmup(self, problem: Problem, device: torch.device, public: PublicOps) -> None:
         x = zero_inputs(problem, device)
         bf, ff, sp = problem.factors
-        superlinear_attention(
+        public.superlinear_attention(
             x.q, x.q, x.k, x.v, x.cache_position, x.mask, problem.sw_index, problem.spans,
             backward_factor=bf, forward_factor=ff, span_power=sp, **problem.params.arguments,
         )

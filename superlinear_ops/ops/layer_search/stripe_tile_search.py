@@ -26,7 +26,6 @@ import torch
 import triton
 import triton.language as tl
 
-from ...buckets import next_power_of_two
 from ...launch import KernelConfig, check_tile_config
 from ...settings import SpanSettings
 from ..kernel_helpers import tc_dot
@@ -135,14 +134,6 @@ def stripe_tile_search_kernel(
     out = ((batch * H_Q + heads[:, None]) * L_Q + offs_q[:, None].to(tl.int64)) * TOPK + slot
     tl.store(anchor_ptr + out, anchors, mask=row_ok[:, None] & (slot < TOPK))
     tl.store(score_ptr + out, tl.where(found, best, EMPTY_SCORE), mask=row_ok[:, None] & (slot < TOPK))
-
-
-def stripe_tile_default(rep: int, head_dim: int) -> KernelConfig:
-    """Heuristic tiles: up to 16 heads of a group and as many queries as make 16 rows, 16 stripes per
-    query, one warp (two past D = 128): at model M the fastest measured on the H200 (8.5 ms at
-    32,768 over 1M keys, 32 stripes 8.9, 64 stripes 11.0; more warps slower at every width measured)."""
-    block_h = min(16, next_power_of_two(rep))
-    return KernelConfig(block_s=16, block_h=block_h, block_q=max(1, 16 // block_h), num_warps=1 if head_dim <= 128 else 2)
 
 
 def stripe_tile_search(

@@ -135,13 +135,6 @@ def layer_search_kernel(
     tl.store(score_ptr + out, tl.where(found, best, EMPTY_SCORE), mask=row_ok[:, None] & (slot < TOPK))
 
 
-def search_default(rep: int, head_dim: int) -> KernelConfig:
-    """Heuristic tiles: 16 queries of up to 8 heads of a group per program (a 128-row dot), 4 warps
-    (8 past D = 128), 2 stages."""
-    return KernelConfig(block_q=16, block_h=min(8, next_power_of_two(rep)), num_warps=4 if head_dim <= 128 else 8,
-                        num_stages=2)
-
-
 class SearchTables(NamedTuple):
     """What both search kernels read besides the tiles, and the outputs they fill: the anchors and
     their scores (uninitialised), the stripe offsets, each query's position (int32) and stripe count,

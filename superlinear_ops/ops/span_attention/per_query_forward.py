@@ -15,28 +15,7 @@ import triton
 import triton.language as tl
 
 from ...launch import KernelConfig, LaunchGeometry, forward_outputs
-from ..kernel_helpers import LOG2E, scored_block, span_bounds, window_bounds
-
-
-@triton.jit
-def _online_softmax_segment(
-    acc, m, l, q, K_ptr, V_ptr, kv_base, stride_kl, mask_ptr, mask_base,
-    lo, hi, offs_d, d_mask, qk_scale,
-    BLOCK_K: tl.constexpr, HAS_MASK: tl.constexpr,
-):
-    for start in range(lo, hi + 1, BLOCK_K):
-        s2, k, v, offs_k, kv_mask = scored_block(
-            q, K_ptr, V_ptr, kv_base, stride_kl, mask_ptr, mask_base,
-            start, hi, offs_d, d_mask, qk_scale, BLOCK_K, HAS_MASK,
-        )
-        m_new = tl.maximum(m, tl.max(s2, axis=0))
-        m_ref = tl.where(m_new == float("-inf"), 0.0, m_new)
-        alpha = tl.exp2(m - m_ref)
-        p = tl.exp2(s2 - m_ref)
-        l = l * alpha + tl.sum(p, axis=0)
-        acc = acc * alpha + tl.sum(p[:, None] * v, axis=0)
-        m = m_new
-    return acc, m, l
+from ..kernel_helpers import LOG2E, online_softmax_segment, span_bounds, window_bounds
 
 
 @triton.jit
@@ -69,12 +48,12 @@ def span_forward_kernel(
     m = tl.full((), float("-inf"), tl.float32)
     l = tl.zeros((), dtype=tl.float32)
     lo, hi = span_bounds(qstart_ptr, qend_ptr, slot, L_KV, pos, WINDOW)
-    acc, m, l = _online_softmax_segment(
+    acc, m, l = online_softmax_segment(
         acc, m, l, q, K_ptr, V_ptr, kv_base, stride_kl, mask_ptr, mask_base,
         lo, hi, offs_d, d_mask, qk_scale, BLOCK_K, HAS_MASK,
     )
     lo, hi = window_bounds(pos, WINDOW)
-    acc, m, l = _online_softmax_segment(
+    acc, m, l = online_softmax_segment(
         acc, m, l, q, K_ptr, V_ptr, kv_base, stride_kl, mask_ptr, mask_base,
         lo, hi, offs_d, d_mask, qk_scale, BLOCK_K, HAS_MASK,
     )

@@ -40,20 +40,10 @@ from ..kernel_helpers import LOG2E, finite_or_zero, in_rows, load_key_block, tc_
 from .span_tiles import span_tile_plan
 from .window_backward import operand, window_backward, window_tables
 
-SPAN_TC_BACKWARD_DEFAULTS: dict[str, int] = {  # sm_90 (H200), bf16, D = 128, model M: best of 4K-64K sweeps
-    # the window kernels: best of a 16K / 64K sweep once the dK/dV query tiles came through TMA (session 27)
-    "window_block_m": 64,  # queries per tile of the dK/dV kernel (keys per block of the dQ kernel)
-    "window_block_n": 64,  # keys per block of the dK/dV kernel (queries per tile of the dQ kernel)
-    "window_warps": 4,
-    "window_stages": 2,
-    "span_block_m": 128,  # sorted (head, query, span) triples per tile
-    "span_block_n": 64,  # keys per block
-    "span_warps": 8,
-    "span_stages": 2,
-    "window_head_split": 8,  # parts of a KV group's heads in the dK/dV kernel (more programs; atomics if > 1)
-    "span_sort_block": 64,  # span tiles sort by (start // 64, end): tiles cover 1.07x the keys their rows attend
-}
-SPAN_TC_BACKWARD_TUNABLES = tuple(SPAN_TC_BACKWARD_DEFAULTS)
+SPAN_TC_BACKWARD_TUNABLES = (  # the names of a configuration (the variant declares their values)
+    "window_block_m", "window_block_n", "window_warps", "window_stages", "span_block_m", "span_block_n", "span_warps",
+    "span_stages", "window_head_split", "span_sort_block",
+)
 
 
 @triton.jit
@@ -178,7 +168,7 @@ def span_backward_tc(
     """Gradients (dQ, dK, dV) in the input dtypes for the forward that produced ``out``/``lse2``.
 
     ``out``/``grad_out`` [B, Hq, Lq, K, D], ``lse2`` [B, Hq, Lq, K] fp32 (log2 domain, +inf where a
-    span attends no key). ``config`` holds SPAN_TC_BACKWARD_TUNABLES (SPAN_TC_BACKWARD_DEFAULTS).
+    span attends no key). ``config`` holds SPAN_TC_BACKWARD_TUNABLES.
     """
     check_tile_config(config, SPAN_TC_BACKWARD_TUNABLES)
     q, k, v = geo.q, geo.k, geo.v

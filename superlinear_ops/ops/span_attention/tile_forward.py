@@ -47,29 +47,10 @@ from .window_forward import (
     window_attention,
 )
 
-TC_FORWARD_DEFAULTS: dict[str, int] = {  # sm_90 (H200), bf16, D = 128, model M shapes
-    "window_block_m": 128,
-    "window_block_n": 64,
-    "window_warps": 8,
-    "window_stages": 3,
-    "span_block_m": 64,
-    "span_block_n": 64,
-    "span_warps": 4,
-    "span_stages": 3,
-}
 SPAN_START_BLOCK = 16  # span tiles: triples sorted by (start // 16, end), see span_tile_plan
-TC_FORWARD_TUNABLES = tuple(TC_FORWARD_DEFAULTS)
-
-
-def tc_forward_default(dim: int, dtype: torch.dtype) -> dict[str, int]:
-    """Starting config for sm_90: ``TC_FORWARD_DEFAULTS``, with smaller tiles where wide rows
-    (D > 128) or fp32 elements would overflow registers or shared memory."""
-    config = dict(TC_FORWARD_DEFAULTS)
-    if dim > 128 or dtype == torch.float32:
-        block_n = 16 if dim > 128 and dtype == torch.float32 else 32
-        for part in ("window", "span"):
-            config.update({f"{part}_block_m": 64, f"{part}_block_n": block_n, f"{part}_warps": 4, f"{part}_stages": 2})
-    return config
+TC_FORWARD_TUNABLES = (  # the names of a configuration (the variant declares their values)
+    "window_block_m", "window_block_n", "window_warps", "window_stages", "span_block_m", "span_block_n", "span_warps", "span_stages",
+)
 
 
 @triton.jit
@@ -134,7 +115,7 @@ def span_forward_tc(
     """Tensor-core span forward: (out [B, Hq, Lq, K, D] in Q's dtype, lse2 [B, Hq, Lq, K] fp32).
 
     Same numbers as ``span_forward`` (SPEC section 2, spans clamped to end before the window);
-    ``config`` maps the names in ``TC_FORWARD_TUNABLES`` to ints (``TC_FORWARD_DEFAULTS`` for sm_90).
+    ``config`` maps the names in ``TC_FORWARD_TUNABLES`` to ints (the variant's default for sm_90).
     ``out`` may give both buffers (contiguous, those shapes and dtypes) to write into.
     """
     check_tile_config(config, TC_FORWARD_TUNABLES)

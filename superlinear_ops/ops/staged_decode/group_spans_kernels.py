@@ -1,14 +1,14 @@
 """Staged decode in two launches with each span key read once per KV group, however many of the
 group's heads and span slots attend it.
 
-1. ``grouped_kernels.group_kernel``, as the ``grouped`` variant launches it: stripe candidates,
+1. ``group_stage.group_kernel``, as the ``grouped`` variant launches it: stripe candidates,
    the window's partials, under a mask the mask slices' first allowed keys, and the zeroed
    finished-program counters.
 2. ``group_spans_kernel``, a grid of (programs, KV head, batch) that runs in one wave, whose
    programs walk the chunks of ``CHUNK`` key positions (program p takes chunks p, p + programs,
    ...). A program holds one row per (head h, slot j) of the group (row j * rep + h; rep x topk
    rows padded to a power of two), takes each head's top-``TOPK`` candidates (as
-   ``grouped_kernels.chosen_anchor``) and their spans (as ``span_kernel``) once, and attends the
+   ``group_attend.chosen_anchor``) and their spans (as ``span_kernel``) once, and attends the
    keys of each of its chunks that some row's span holds (a chunk that none holds costs a few
    comparisons): per block one [rows, D] x [D, BLOCK_K] and one [rows, BLOCK_K] x [BLOCK_K, D]
    dot, each row masked to its own span (``_attend_rows_block``). Heads of a group that choose
@@ -41,8 +41,9 @@ import triton.language as tl
 from triton.language.extra.cuda import gdc_wait
 
 from ..kernel_helpers import allowed_keys, finite_or_zero, holds_nan, in_rows, load_key_block, online_softmax_step, tc_dot, tile_range
-from .grouped_kernels import MIN_DOT, NO_ANCHOR, _multiprocessors, clamped_position, gated_merge, run_group_kernel, span_chunk_length
-from .grouped_plan import MAX_SPAN_ROWS, cdiv, pow2, span_rows
+from .group_attend import MIN_DOT, NO_ANCHOR, clamped_position, gated_merge
+from .group_stage import _multiprocessors, run_group_kernel
+from .grouped_plan import MAX_SPAN_ROWS, cdiv, pow2, span_chunk_length, span_rows
 
 __all__ = ["group_spans_attention"]
 

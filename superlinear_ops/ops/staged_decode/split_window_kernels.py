@@ -18,8 +18,7 @@ import triton
 import triton.language as tl
 
 from ...launch import key_value_pair, mask_bytes, unit_stride
-from ..kernel_helpers import LOG2E, span_bounds, window_bounds
-from ..span_attention.per_query_forward import _online_softmax_segment
+from ..kernel_helpers import LOG2E, online_softmax_segment, span_bounds, window_bounds
 
 
 @triton.jit
@@ -52,7 +51,7 @@ def segment_partials_kernel(
     acc = tl.zeros((BLOCK_D,), dtype=tl.float32)
     m = tl.full((), float("-inf"), tl.float32)
     l = tl.zeros((), dtype=tl.float32)
-    acc, m, l = _online_softmax_segment(
+    acc, m, l = online_softmax_segment(
         acc, m, l, q, K_ptr, V_ptr, kv_base, stride_kl, mask_ptr, batch * stride_mb,
         lo, hi, offs_d, d_mask, qk_scale, BLOCK_K, HAS_MASK,
     )

@@ -1,7 +1,7 @@
 """Staged decode in two launches with no span work waiting for the search: for short contexts.
 
 A stripe's span depends on the stripe alone (its anchor position, t and the span tables; SPEC
-section 3, step 3), not on the head that chooses it. So the first launch, ``grouped_kernels.group_kernel``
+section 3, step 3), not on the head that chooses it. So the first launch, ``group_stage.group_kernel``
 with its ``stripe_spans`` programs, attends the span of *every* stripe of the table for all ``rep``
 heads of a KV group at once (one [rep, D] query tile per chunk of the span, as the window
 programs do), beside the stripe search and the window; the second, ``stripe_merge_kernel``, takes
@@ -22,7 +22,8 @@ import triton
 import triton.language as tl
 from triton.language.extra.cuda import gdc_wait
 
-from .grouped_kernels import GroupStage, chosen_anchor, clamped_position, gated_merge
+from .group_attend import chosen_anchor, clamped_position, gated_merge
+from .group_stage import GroupStage
 from .grouped_plan import pow2
 
 __all__ = ["merge_chosen_stripes"]
