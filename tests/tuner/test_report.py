@@ -3,11 +3,14 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 
 from superlinear_ops.cli import main
-from superlinear_ops.tuner.report import render
+from superlinear_ops.tuner.report import render, write_report
+
+BENCHMARKS = Path(__file__).resolve().parents[2] / "docs" / "benchmarks"
 
 SMALL = {
     "schema": 1,
@@ -78,3 +81,10 @@ def test_bench_report_command_writes_the_report(tmp_path, capsys):
     assert main(["bench", "--report", str(results), "--out", str(out)]) == 0
     assert out.read_text(encoding="utf-8") == render(SMALL, source="small.json")
     assert f"wrote {out}" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("gpu", ["h200", "h100"])
+def test_checked_in_report_equals_what_its_json_generates(gpu, tmp_path):
+    generated = write_report(BENCHMARKS / f"{gpu}.json", tmp_path / f"{gpu}.md").read_text(encoding="utf-8")
+    checked_in = (BENCHMARKS / f"{gpu}.md").read_text(encoding="utf-8")
+    assert checked_in == generated, f"docs/benchmarks/{gpu}.md is stale: run superlinear-ops bench --report docs/benchmarks/{gpu}.json"
