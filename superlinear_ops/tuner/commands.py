@@ -46,7 +46,15 @@ def verify_command(args: argparse.Namespace) -> int:
 
 
 def bench_command(args: argparse.Namespace) -> int:
-    """Bench a workload: default, tuned, dense SDPA and the lower bound per problem."""
+    """Bench a workload: default, tuned, dense SDPA and the lower bound per problem; or, with
+    ``--report``, write a results JSON file's Markdown report."""
+    if args.report:
+        from .report import write_report
+
+        print(f"wrote {write_report(args.report, args.out)}")
+        return 0
+    if args.workload is None:
+        raise ValueError("bench needs a workload file (or --report RESULTS.json)")
     from .. import use_cache
     from .bench import run_bench
 
@@ -85,9 +93,9 @@ def warmup_command(args: argparse.Namespace) -> int:
     return 0
 
 
-def _workload_arguments(parser: argparse.ArgumentParser, cache_help: str) -> None:
+def _workload_arguments(parser: argparse.ArgumentParser, cache_help: str, optional: bool = False) -> None:
     """The arguments every workload command takes."""
-    parser.add_argument("workload", help="workload YAML file, e.g. tuning/quick.yaml")
+    parser.add_argument("workload", nargs="?" if optional else None, help="workload YAML file, e.g. tuning/quick.yaml")
     parser.add_argument("--cache", default=None, help=cache_help)
     parser.add_argument("--device", choices=("cuda", "cpu"), default=None,
                         help="cuda or cpu (default: cuda when available; cpu runs Triton's interpreter)")
@@ -133,9 +141,12 @@ def add_commands(commands) -> None:
         "dense scaled_dot_product_attention under each backend that runs here (cuDNN, flash, memory-efficient: by name, the "
         "fastest compared) and the lower bound (bytes over bandwidth, FLOPs over the tensor rate).",
     )
-    _workload_arguments(bench, "explicit cache (SQLite, YAML or URL)")
+    _workload_arguments(bench, "explicit cache (SQLite, YAML or URL)", optional=True)
     bench.add_argument("--output", "-o", default="bench.json", help="JSON file to write (default bench.json)")
     bench.add_argument("--plot", default=None, help="PNG file to write (needs matplotlib)")
+    bench.add_argument("--report", default=None, metavar="RESULTS.json",
+                       help="instead of benching: write the Markdown report of a GPU's results file (docs/benchmarks/)")
+    bench.add_argument("--out", default=None, metavar="REPORT.md", help="where --report writes (default: beside it, .md)")
     bench.set_defaults(handler=bench_command)
 
     warm = commands.add_parser(
