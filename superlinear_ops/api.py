@@ -29,7 +29,7 @@ FORCE_MODES = (None, "sdpa", "span")
 
 
 def clamped_positions(cache_position: torch.Tensor, key_length: int) -> torch.Tensor:
-    """cache_position clamped to [-1, Lkv - 1] (the same attention, SPEC section 2), so that the
+    """cache_position clamped to [-1, Lkv - 1] (the same attention, semantics section 2), so that the
     kernels' int32 cast never wraps a position past int32 and every kernel reads the position it
     attends from (int32 input too; the kernels clamp again)."""
     return cache_position.clamp(-1, key_length - 1)
@@ -68,7 +68,7 @@ def fused_span_attention_gqa(
     *,
     validate: bool | None = None,
 ) -> torch.Tensor:
-    """Span attention for GQA or MHA: per-span outputs [B, Hq, Lq, K, D] (SPEC section 2).
+    """Span attention for GQA or MHA: per-span outputs [B, Hq, Lq, K, D] (semantics section 2).
 
     Q2 [B, Hq, Lq, D]; K, V [B, Hkv, Lkv, D] with Hq % Hkv == 0; qstart/qend [B, Hq, Lq, K]
     inclusive (-1 marks an unused slot); cache_position [Lq]; attention_mask [B, >= Lkv].
@@ -139,7 +139,7 @@ def decode_span_attention_staged_gqa(
     *,
     validate: bool | None = None,
 ) -> torch.Tensor:
-    """Staged decode [B, Hq, 1, D] (SPEC section 3); CUDA-graph safe, no host synchronisation.
+    """Staged decode [B, Hq, 1, D] (semantics section 3); CUDA-graph safe, no host synchronisation.
 
     Q1 is the search query, Q2 the attention query, both [B, Hq, 1, D]; K, V [B, Hkv, Lkv, D]
     may be a static cache larger than the filled prefix; the last cache_position entry is the

@@ -136,7 +136,7 @@ def _archcheck(args: argparse.Namespace) -> int:
 
 
 def _add_problem_arguments(parser: argparse.ArgumentParser) -> None:
-    """Flags describing one problem; the defaults are model M's decode at 64K (SPEC section 4)."""
+    """Flags describing one problem; the defaults are model M's decode at 64K (semantics section 5)."""
     parser.add_argument("--op", default="staged_decode",
                         help=f"the op: {', '.join(OPS)}, or one a plugin declares (default: staged_decode)")
     parser.add_argument("--dtype", choices=DTYPES + ("float64",), default="bfloat16", help="default: bfloat16")

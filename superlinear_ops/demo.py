@@ -1,6 +1,6 @@
 """A short end-to-end run of the public API, checked against the float64 reference.
 
-On a GPU it uses the released model's head layout (SPEC section 4); without one it runs the
+On a GPU it uses the released model's head layout (semantics section 5); without one it runs the
 Triton kernels under Triton's interpreter on a scaled-down problem.
 """
 

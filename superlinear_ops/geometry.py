@@ -1,6 +1,6 @@
 """Exact integer geometry of span attention: power parameters, windows, stripes and span lengths.
 
-Every integer here is defined by exact arithmetic (SPEC section 1). The integer path (inv_p an
+Every integer here is defined by exact arithmetic (semantics section 1). The integer path (inv_p an
 integer in 2..6) uses Python integers. The float path evaluates in float64 and settles any value
 that lands within a hair of an integer with 60-digit decimal arithmetic, so float rounding can
 never move a stripe, a window edge or a span end by one position.
@@ -234,7 +234,7 @@ def max_stripe_index_for_token_pos(
 
 @functools.lru_cache(maxsize=256)
 def stripe_count(key_length: int, sw_index: int, params: PowerParams) -> int:
-    """S of SPEC section 3: max(largest stripe index for key_length, sw_index + 1).
+    """S of semantics section 3: max(largest stripe index for key_length, sw_index + 1).
 
     Raises ValueError naming sw_index when its window exceeds 2**62 keys (``window_length``).
     """
@@ -322,7 +322,7 @@ def span_starts(
     span_power: float,
 ) -> torch.Tensor:
     """Whole-layer span starts max(anchor - ceil(bf * (t - s) ** span_power), s) for anchors
-    [B, H, Lq, K] (SPEC section 7, step 2); -1 where the anchor is -1. Tensor ops only, no sync."""
+    [B, H, Lq, K] (semantics section 4, step 2); -1 where the anchor is -1. Tensor ops only, no sync."""
     _, first_allowed, distance = span_distances(qanchor.shape[0], cache_position, key_length, attention_mask, key_length)
     back_len = span_length_table(backward_factor, span_power, key_length, qanchor.device)[distance]  # [B, Lq]
     qstart = torch.maximum(qanchor.to(torch.int64) - back_len[:, None, :, None], first_allowed.view(-1, 1, 1, 1))
@@ -369,7 +369,7 @@ def compute_qend_from_qanchor(
     search_power: float | None = None,
     inv_search_power_int: int | None = 2,
 ) -> torch.Tensor:
-    """Span ends for anchors [B, H, Lq, K] (SPEC section 3, step 3); -1 where the anchor is -1.
+    """Span ends for anchors [B, H, Lq, K] (semantics section 3, step 3); -1 where the anchor is -1.
 
     qend = anchor when forward_factor is 0, else
     min(anchor + ceil(ff * (t - s) ** span_power), pos, key_length - 1, pos - W [W > 0]),

@@ -1,4 +1,4 @@
-"""Public whole-layer API (SPEC section 7): what model code calls for prefill chunks and training.
+"""Public whole-layer API (semantics section 4): what model code calls for prefill chunks and training.
 
 ``superlinear_attention`` is the canonical function. The original ``superlinear`` 0.1.0 names and
 signatures (``prefill``, ``prefill_gqa``, ``prefill_mha``, ``fused_prefill_with_swtriton``,
@@ -36,7 +36,7 @@ def superlinear_attention(
     *,
     validate: bool | None = None,
 ) -> torch.Tensor:
-    """The whole attention layer: O [B, Hq, Lq, D] in Q2's dtype (SPEC section 7).
+    """The whole attention layer: O [B, Hq, Lq, D] in Q2's dtype (semantics section 4).
 
     Q1 (search and gate query) and Q2 (attention query) [B, Hq, Lq, D]; K, V [B, Hkv, Lkv, D];
     cache_position [Lq] (absolute position of each query, Lkv >= pos + 1); attention_mask

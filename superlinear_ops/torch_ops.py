@@ -2,15 +2,15 @@
 
 ``superlinear_ops::span_forward``, ``::span_backward``, ``::staged_decode`` and the whole layer's
 ``::layer_search``, ``::layer_spans``, ``::layer_gate_scores`` and ``::layer_gate`` (the layer composes them with
-``span_forward`` and its differentiable gate scores, ``layer.attention``) have fake (meta)
+``span_forward`` and its differentiable gate scores, ``ops.layer.composition``) have fake (meta)
 implementations and autograd registration, so ``torch.compile(fullgraph=True)`` traces models
 that call them and ``torch.library.opcheck`` passes. Inputs arrive validated by ``api``.
 
 Callers go through ``run``: eagerly it calls an op's implementation directly, with no autograd to
 record, or through a ``torch.autograd.Function`` built from the same autograd formula when there
 is, so that a first call imports none of torch.compile's machinery (a custom op's first call
-imports dynamo and sympy, about 1.5 s) and no eager call pays the custom-op wrapper (0.1 to 0.6 ms
-of host time each on the H200's host, together about a quarter of an eager 4K training step's).
+imports dynamo and sympy, which takes seconds) and no eager call pays the custom-op wrapper's host time
+(a sizeable share of an eager short training step's).
 """
 
 from __future__ import annotations
@@ -74,8 +74,8 @@ def _register_autograd(op, formula, setup_context) -> None:
         return output
 
     # Plain eager calls: forward(ctx, ...) with the context set up inside it, since a separate
-    # setup_context makes every apply() bind its arguments to the forward's signature (inspect: 34 us
-    # per apply on the H200's host, 7 without); torch.func's transforms require the separate one.
+    # setup_context makes every apply() bind its arguments to the forward's signature (inspect, several
+    # times slower per apply); torch.func's transforms require the separate one.
     name, backward = f"Eager_{implementation.__name__}", staticmethod(functools.partial(formula, run))
     _EAGER_AUTOGRAD[op] = type(name, (torch.autograd.Function,), {"forward": staticmethod(forward), "backward": backward})
     _TRANSFORMABLE_AUTOGRAD[op] = type(name, (torch.autograd.Function,), {

@@ -185,7 +185,7 @@ class DecodeTrace:
 
 
 def decode_head(q1, q2, k, v, pos: int, allowed, params: DecodeParams) -> tuple[torch.Tensor, DecodeTrace]:
-    """Staged decode for one (b, h) (SPEC section 3): q1/q2 [D], k/v [Lkv, D] of its KV head.
+    """Staged decode for one (b, h) (semantics section 3): q1/q2 [D], k/v [Lkv, D] of its KV head.
 
     Anchors are chosen on detached float64 scores; the output is differentiable in q1 (through the
     gate), q2, k and v, like the whole layer's.
@@ -239,7 +239,7 @@ def staged_decode(q1, q2, k, v, cache_position, mask, params: DecodeParams):
 
 # --- the whole layer (prefill and training) ---------------------------------------------------
 
-EMPTY_GATE_SCORE = -1e9  # the gate score of an empty slot (SPEC section 7, step 4)
+EMPTY_GATE_SCORE = -1e9  # the gate score of an empty slot (semantics section 4, step 4)
 
 
 @dataclass(frozen=True)
@@ -259,7 +259,7 @@ class LayerTrace:
 
 
 def layer_head(q1, q2, k, v, pos: int, allowed, params: DecodeParams) -> tuple[torch.Tensor, LayerTrace]:
-    """The whole layer for one (b, h, q) (SPEC section 7): q1/q2 [D], k/v [Lkv, D] of its KV head.
+    """The whole layer for one (b, h, q) (semantics section 4): q1/q2 [D], k/v [Lkv, D] of its KV head.
 
     Anchors are chosen on detached float64 scores (exact for inputs whose dot products are exact in
     fp32); the output is differentiable in q1 (through the gate), q2, k and v.

@@ -3,7 +3,7 @@
 ``KEY_FIELDS`` is the one list that ``ProblemKey``'s fields, the store's key columns and the key text
 (``ProblemKey.text()``, the primary key of stores and YAML files) all derive from. Changing it, or
 any table of ``store``, changes the schema: bump ``SCHEMA_VERSION`` and add
-``store.MIGRATIONS[previous version]``. tests/test_store_schema.py pins the list and the tables to
+``store.MIGRATIONS[previous version]``. tests/cache/test_store_schema.py pins the list and the tables to
 the version, so neither can change silently.
 
 This module imports nothing from the package: ``buckets`` builds ``ProblemKey`` from it.

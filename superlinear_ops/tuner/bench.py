@@ -20,8 +20,7 @@ from .workload import Case, load
 
 log = logging.getLogger(__name__)
 
-# Ceilings measured on the device machines (their KINDS.md; for the H200 also SPEC section 5): copy
-# bandwidth and bf16 tensor-core rate.
+# Measured ceilings per GPU: copy bandwidth (bytes/s) and bf16 tensor-core rate (FLOP/s).
 PEAKS = {"NVIDIA H200": (4.3e12, 790e12), "NVIDIA H100 80GB HBM3": (3.0e12, 798e12)}
 
 
@@ -64,7 +63,7 @@ def traffic(case: Case) -> tuple[float, float]:
     return REGISTRY.spec(case.problem.op).traffic(case)
 
 
-DENSE_BACKENDS = ("CUDNN_ATTENTION", "FLASH_ATTENTION", "EFFICIENT_ATTENTION")  # SDPBackend names, fastest first on an H200
+DENSE_BACKENDS = ("CUDNN_ATTENTION", "FLASH_ATTENTION", "EFFICIENT_ATTENTION")  # SDPBackend names, fastest first on Hopper
 
 
 @dataclass(frozen=True)

@@ -97,7 +97,7 @@ def make_sampler(settings: SearchSettings) -> optuna.samplers.BaseSampler:
         warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
         if settings.sampler == "tpe":
             # Few random start-up trials and more EI candidates suit these small discrete spaces
-            # (chosen on the H200 sweeps: docs/benchmarks/h200-model-m.md).
+            # (replayed against exhaustive sweeps: benchmarks/tpe_vs_exhaustive.py).
             return optuna.samplers.TPESampler(
                 seed=settings.seed, multivariate=True, group=True, constant_liar=True, n_startup_trials=5,
                 n_ei_candidates=48,

@@ -1,11 +1,11 @@
-"""The layer's gate in Triton (SPEC section 7, step 4), forward and backward, in place of chains of
+"""The layer's gate in Triton (semantics section 4, step 4), forward and backward, in place of chains of
 PyTorch gathers, elementwise ops and reductions over [B, Hq, Lq, topk, D] fp32 temporaries.
 
 Rows are (b, h, q); ``BLOCK_R`` rows per program, on ``num_warps`` warps: both come from the
-variant's configuration (``variants.py``: the ``row_blocks`` variants of the gate ops).
+variant's configuration (``variants``: the ``row_blocks`` variants of the gate ops).
 - Gate scores: v_j = Q1 . K[anchor_j] in fp32 (EMPTY_SCORE for an empty slot); backward
   dQ1 = sum_j dv_j K[anchor_j], and dK[anchor_j] += dv_j Q1 by relaxed fp32 atomics (a sum needs no
-  ordering; acquire-release atomics took 2.2x the kernel's time on the H200).
+  ordering, and acquire-release atomics are several times slower).
 - Gate: out = sum_j g_j O_j with g = softmax(v) in fp32; backward, for dOut: dO_j = g_j dOut and
   dv_j = g_j (s_j - sum_k g_k s_k) with s_j = dOut . O_j.
 """

@@ -1,5 +1,5 @@
 """``gate_scores`` and ``gate_scores_backward``: the layer's gate scores v_j = Q1 . K[anchor_j]
-(EMPTY_SCORE for an empty slot, anchor -1) and their gradients dQ1, dK (SPEC section 7, step 4)."""
+(EMPTY_SCORE for an empty slot, anchor -1) and their gradients dQ1, dK (semantics section 4, step 4)."""
 
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
 """``gate`` and ``gate_backward``: the layer's gate O = sum_j softmax(v)_j O_j over the span outputs
-and its backward (SPEC section 7, step 4), and ``GateOp``, what every gate op shares.
+and its backward (semantics section 4, step 4), and ``GateOp``, what every gate op shares.
 
 A gate call sees neither the mask, the window nor the search power (and ``gate`` sees no keys), so
 its problem fixes those fields (``GateOp.fixed``): a call's problem (``problem_of``), the layer's

@@ -1,4 +1,4 @@
-"""The layer's spans from its anchors (SPEC section 7, step 2) in one Triton launch.
+"""The layer's spans from its anchors (semantics section 4, step 2) in one Triton launch.
 
 The same integers as ``attention.spans_of_anchors`` (its tensor ops are the reference, and what
 runs off the GPU), from the same exact span-length tables (``geometry.span_length_table``): per
@@ -8,8 +8,7 @@ mask allows in row b (0 without a mask) and d = clamp(pos + 1 - s, 0, Lkv),
     qstart = max(a - back[d], s),   qend = min(a + forward[d], pos - W),
 
 and -1 for both where a = -1; without a forward factor qend = a. One launch instead of about 25
-small ones: at model M's 8192-query chunks on an H200 the tensor ops took about 0.1 ms of GPU time
-and 0.4 ms of host time per layer call. No host synchronisation.
+small ones, whose host time dominated a layer call's. No host synchronisation.
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Stripe search and top-k for every query of a chunk (SPEC section 7, step 1), in PyTorch.
+"""Stripe search and top-k for every query of a chunk (semantics section 4, step 1), in PyTorch.
 
 This is the layer's reference search (the CPU, float64 and fallback path); ``search_kernel`` is
 the fast one. Both return a ``Found``: anchors [B, Hq, Lq, topk] (int64, -1 for an empty slot) in no

@@ -1,4 +1,4 @@
-"""``attention_layer``: the whole layer (search, spans, span + window attention, gate; SPEC section 7).
+"""``attention_layer``: the whole layer (search, spans, span + window attention, gate; semantics section 4).
 
 Its variants are the search's; the layer's other parts (the span attention and the gate) run with
 the configurations the bench resolved for them (``parts``), so that a tuned search entry does not

@@ -1,4 +1,4 @@
-"""The layer's stripe search over tiles of stripes (SPEC section 7, step 1): no product thrown away
+"""The layer's stripe search over tiles of stripes (semantics section 4, step 1): no product thrown away
 when a KV group has 16 or more query heads.
 
 One program holds ``BLOCK_Q`` consecutive queries of ``BLOCK_H`` heads of one KV group: the dot's
@@ -14,10 +14,9 @@ Each row keeps its best ``TOPK`` (score, stripe) pairs in registers, ordered by 
 stripe index (among equal scores the farther stripe wins); a NaN score counts as +inf. A tile whose
 best candidate beats no row's worst kept pair costs two row reductions over the tile (its best
 score, and whether it has a candidate); otherwise its candidates are taken best first, at most
-``TOPK`` per row. The next tile's key rows are loaded before this tile's
-work, by hand: on the H200, Triton's ``num_stages`` 1 and 2 measured the same, so the kernel
-runs with 1. Beside the anchors it stores their scores (``search_kernel``'s layout). No host
-synchronisation.
+``TOPK`` per row. The next tile's key rows are loaded before this tile's work, by hand (Triton's
+own pipelining added nothing), so the kernel runs with one stage. Beside the anchors it stores
+their scores (``tiled_search``'s layout). No host synchronisation.
 """
 
 from __future__ import annotations

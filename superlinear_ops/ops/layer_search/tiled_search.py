@@ -1,4 +1,4 @@
-"""The whole layer's stripe search in Triton (SPEC section 7, step 1).
+"""The whole layer's stripe search in Triton (semantics section 4, step 1).
 
 One program holds ``BLOCK_Q`` queries of ``BLOCK_H`` heads of one KV group: ``BLOCK_H * BLOCK_Q``
 rows, row r = (head r // BLOCK_Q, query r % BLOCK_Q). It walks the stripes in increasing order.

@@ -3,7 +3,7 @@
 Any floating dtype (float64 included) on any device. ``span_forward_reference`` is differentiable
 with autograd; ``span_backward_reference`` computes the same gradients analytically (so it also
 runs inside the ``span_backward`` custom op, where autograd is off). ``decode_reference`` is
-written straight from SPEC section 3 with Python loops, so it shares no code with the graph-safe
+written straight from docs/semantics.md section 3 with Python loops, so it shares no code with the graph-safe
 decode it checks.
 
 Non-finite values follow dense attention over the attended keys only: a NaN/Inf in Q, or in an
@@ -35,7 +35,7 @@ def attended_keys(
     key_length: int,
     window: int,
 ) -> torch.Tensor:
-    """Boolean [B, H, Lq, K, Lkv]: which keys each (b, h, q, span) attends (SPEC section 2).
+    """Boolean [B, H, Lq, K, Lkv]: which keys each (b, h, q, span) attends (semantics section 2).
 
     The span is clamped to end before its query's window, as every kernel clamps it
     (``kernels.span_tiles.clamped_span_bounds``): [max(qstart, 0), min(qend, Lkv - 1, pos - W)],
@@ -184,7 +184,7 @@ def decode_reference(
     span_power: float,
     params: geometry.PowerParams,
 ) -> torch.Tensor:
-    """Staged decode [B, Hq, 1, D], computed literally from SPEC section 3 in float64."""
+    """Staged decode [B, Hq, 1, D], computed literally from semantics section 3 in float64."""
     batch, hq, _, dim = q1.shape
     hkv, lkv = k.shape[1], k.shape[2]
     rep = hq // hkv

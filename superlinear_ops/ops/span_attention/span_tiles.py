@@ -6,8 +6,7 @@ other, so a tile of ``BLOCK_M`` consecutive sorted triples streams one short ran
 through shared memory for all its rows. The plan is built on the device by two Triton launches
 around one ``torch.sort`` (each triple's sort key from its clamped bounds; the sorted triples'
 bounds): no host synchronisation, shapes independent of the data (CUDA-graph safe), and few
-launches (the tensor ops they replaced were about 20 launches and 0.5 ms of host time per call at
-model M on the H200).
+launches (the tensor ops they replace were about 20 launches, bound by host time).
 
 Triple numbering: the group of (b, kv head h) is ``g = b * Hkv + h``; inside it, triple ``i`` is
 (query head ``h * rep + i // (Lq * K)``, query ``(i // K) % Lq``, slot ``i % K``), so its flat

@@ -14,14 +14,14 @@ dS = p (dO.v - delta), dQ += dS k, dK += dS^T q (both times sm_scale), dV += p^T
    gathers the rows' q (by their sorted place), dO_j, lse2_j, delta_j, streams the K/V blocks of the tile's key range with tensor-core dots and per-row masks,
    adds each block's dK/dV with one atomic add per tile and key block into fp32 buffers, and its
    dQ rows once at the end (the K spans of a query live in different tiles).
-3. window_tc_backward.py: sliding-window flash backward for the window part, which adds the span
+3. window_backward.py: sliding-window flash backward for the window part, which adds the span
    part from the fp32 buffers and writes dQ/dK/dV in the input dtypes.
 
 Keys nobody attends (past the tile range, masked, uninitialised cache tail) are loaded as 0 and
 every per-(row, key) term goes through ``tl.where``, so they never reach a gradient. The kernels
 read Q and K with NaN and infinities as 0 (docs/semantics.md, section 2) from one pass over each
 (``finite_keys`` before the kernels; Q in ``combine_rows_kernel``), not from a select on every key
-block in the loops (9% of the span kernel's time at model M's 64K training on the H200).
+block in the loops (a measurable share of the span kernel's time).
 No host synchronisation: grids and buffers depend on shapes only.
 """
 

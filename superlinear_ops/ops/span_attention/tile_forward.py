@@ -1,19 +1,19 @@
 """Tensor-core span-attention forward for prefill and training: window once, spans in shared key tiles.
 
-1. ``window_attention`` (window_attention.py) computes each (b, h, q)'s window part once:
+1. ``window_attention`` (window_forward.py) computes each (b, h, q)'s window part once:
    fp32 normalised output and log2-domain LSE.
 2. ``span_tile_plan`` (span_tiles.py) sorts each (batch, KV head) group's (head, query, slot)
    triples by (clamped span start // 16, span end), on the device (two Triton launches and a sort);
    on a GPU they run on a high-priority side stream (``side_stream``) while step 1's kernel runs.
 3. ``span_tile_kernel``, one program per (tile of ``BLOCK_M`` sorted triples, group): gathers the
    rows' Q, streams the K/V blocks of the tile's key range [min lo, max hi] with tensor-core dots
-   (through TMA as in window_attention.py: the blocks every row attends, and with W >= the block
-   width the edge blocks too, 1.04x at 8192 over 16K on the H200), per-row [lo, hi] and
+   (through TMA as in window_forward.py: the blocks every row attends, and with W >= the block
+   width the edge blocks too), per-row [lo, hi] and
    mask masking and an online softmax, merges each row with its window part by
    log-sum-exp and writes out[b, h, q, j] and lse2[b, h, q, j] (every row exactly once; zeros and
    +inf where no key is attended). Under a mask steps 1 and 3 each run twice, over the tiles in
    their row's allowed suffix without the mask and over the others with it
-   (``window_attention.tile_launches``).
+   (``window_forward.tile_launches``).
 
 No host synchronisation: grids and buffers depend on shapes only. Besides the outputs it allocates
 the window part (fp32, [B, Hq, Lq, D] + [B, Hq, Lq]) and the plan (an int64 order, the sort keys
@@ -114,7 +114,7 @@ def span_forward_tc(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Tensor-core span forward: (out [B, Hq, Lq, K, D] in Q's dtype, lse2 [B, Hq, Lq, K] fp32).
 
-    Same numbers as ``span_forward`` (SPEC section 2, spans clamped to end before the window);
+    Same numbers as ``span_forward`` (semantics section 2, spans clamped to end before the window);
     ``config`` maps the names in ``TC_FORWARD_TUNABLES`` to ints (the variant's default for sm_90).
     ``out`` may give both buffers (contiguous, those shapes and dtypes) to write into.
     """

@@ -1,6 +1,6 @@
 """Sliding-window flash backward on tensor cores: the window part of the span backward, once per query.
 
-Every span of a query attends the same window, so (see span_tc_backward.py) the window keys'
+Every span of a query attends the same window, so (see tile_backward.py) the window keys'
 gradients summed over the K spans are one flash-backward row per (b, h, q) with a log2 reference
 ``c`` (P = exp2(s2 - c) <= 1), a combined output gradient dO* and a combined delta*.
 
@@ -14,29 +14,24 @@ banded sliding window.
   group's heads, batch) walks the query tiles (``window_block_m`` rows) of its heads that touch its
   keys and keeps dK/dV in registers. The query rows (q, dO*, c, delta*) lie in sorted order
   (``combine_rows_kernel`` writes them there), so each tile's q and dO* come whole through TMA
-  descriptors where ``row_descriptors`` allows them: 1.33x at model M's 16K and 64K training
-  steps on the H200 at the old 32 x 128 tiles, and with the 64 x 64 tiles this made best 3.55 ->
-  1.99 ms at 16K, 14.7 -> 8.35 ms at 64K (docs/device-runs/h200-window-rows-tma.txt). With the
+  descriptors where ``row_descriptors`` allows them (far faster than pointer loads). With the
   group in one part (``window_head_split`` 1) it adds the span part already in the fp32 buffers
   and writes dK/dV in the output dtype (no atomics);
-  split into parts (more programs: 64 key blocks of model M's 4K training fill half the H200's
-  SMs), each part adds its sum to the fp32 buffers with one atomic add per element.
+  split into parts (more programs: short sequences have too few key blocks to fill the GPU), each
+  part adds its sum to the fp32 buffers with one atomic add per element.
 - ``window_dq_kernel``: one program per (query tile of ``window_block_n`` rows, query head, batch),
   the transposed tiling, streams its key range in blocks of ``window_block_m``, adds the span part
   and writes dQ in Q's dtype. The whole blocks of that range come through the tensor memory
-  accelerator where ``window_attention.key_value_descriptors`` allows it (no mask, sm_90+): 2.74 ->
-  2.03 ms at model M's 16K training step on the H200, 11.3 -> 8.4 ms at 64K.
+  accelerator where ``window_forward.key_value_descriptors`` allows it (no mask, sm_90+).
 
 Tiles that lie inside every row's window skip the per-row masks: in the dK/dV kernel the query
 tiles of a key block whose every row attends all of its keys (``_full_tiles``, one run of the
 sorted tiles), in the dQ kernel the key blocks inside every row's window. At model M's training
-on the H200 (W 2032) that is about 88% of the tiles, and both kernels ran 12-14% faster
-(docs/device-runs/h200-window-full-tiles.txt). Elsewhere keys outside a row's window, past the
+(W 2032) that is most of the tiles. Elsewhere keys outside a row's window, past the
 last position or masked out are loaded as 0 and every per-(row, key) term is selected with
 ``tl.where``, so uninitialised cache entries never reach a gradient. Q and K come with NaN and
-infinities already read as 0 (one pass before the kernels, ``span_tc_backward.finite_keys`` and
-``combine_rows_kernel``, instead of a select on every tile of Q in the dK/dV kernel's loop, 12% of
-its time on the H200).
+infinities already read as 0 (one pass before the kernels, ``tile_backward.finite_keys`` and
+``combine_rows_kernel``, instead of a select on every tile of Q in the dK/dV kernel's loop).
 """
 
 from __future__ import annotations
@@ -209,7 +204,7 @@ def _dq_blocks(
         else:
             k, v, allowed = load_key_block(K_ptr, V_ptr, kv_base, stride_kl, mask_ptr, mask_base, offs_n,
                                            offs_n <= tile_hi, offs_d, d_mask, HAS_MASK)
-            k = finite_or_zero(k)  # K is finite already; this select measured 5% faster on the H200 than none
+            k = finite_or_zero(k)  # K is finite already; the select still compiles to a faster loop than none
         s2 = tc_dot(q, tl.trans(k), UPCAST) * qk_scale
         p = tl.exp2(s2 - c[:, None])
         dp = tc_dot(dos, tl.trans(v), UPCAST)

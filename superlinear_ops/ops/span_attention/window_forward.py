@@ -7,8 +7,8 @@ any ``cache_position`` is handled; consecutive positions give ``W + BLOCK_M`` ke
 two tensor-core dots per block and an online softmax in the log2 domain. The blocks that every row
 of a tile attends come through the tensor memory accelerator (TMA descriptors over K and V as one
 [B * Hkv * Lkv, D] run of rows, ``row_descriptors``) where the inputs allow it: sm_90 or newer,
-evenly spaced rows 16-byte aligned. On the H200 that made this kernel 12% to 15% faster and the
-span-tile kernel about 19% (model M prefill, docs/benchmarks/h200-model-m.md). The other blocks are
+evenly spaced rows 16-byte aligned (faster than pointer loads for this kernel and the span-tile
+kernel alike). The other blocks are
 read by pointer loads (the span-tile kernel reads its edge blocks through TMA too where its caller
 shows them safe: ``EDGE_TMA``).
 
@@ -16,8 +16,7 @@ Under an attention mask both kernels run twice (``tile_launches``): over the til
 lie in their batch row's allowed suffix, exactly as without a mask, and over the others with the
 mask, which this kernel reads by pointer loads (hidden keys read as 0) and the span-tile kernel
 through TMA (``attend_rows``: hidden keys get zero weight, and a tile whose result then holds a NaN
-runs again by pointer loads). Masked 8192-query chunks on the H200: 1.35x to 1.39x faster with a
-mask of ones, 1.08x to 1.16x with holes (docs/benchmarks/h200-model-m.md, session 26).
+runs again by pointer loads).
 
 It writes, per (b, h, q), the window attention normalised in fp32 and its log2-domain
 log-sum-exp (``-inf`` when the row attends no window key), which the span kernel merges with
@@ -45,8 +44,8 @@ from ..kernel_helpers import LOG2E, allowed_keys, attend_block, attend_described
 # Which tiles a launch takes under an attention mask (``TILES``): all of them, as the mask says; the
 # tiles whose keys all lie in their batch row's allowed suffix (``allowed_suffix_start``), which
 # run without the mask; or the others, with it. Under a mask each kernel runs once for each of the
-# last two, so that neither compiles the other's path (on the H200 a masked path beside the
-# unmasked one in one kernel made the unmasked tiles slower).
+# last two, so that neither compiles the other's path (a masked path beside the
+# unmasked one in one kernel makes the unmasked tiles slower).
 ALL_TILES, SUFFIX_TILES, MASKED_TILES = tl.constexpr(0), tl.constexpr(1), tl.constexpr(2)
 
 
@@ -277,8 +276,7 @@ def window_attention(geo: LaunchGeometry, config: Mapping[str, int],
     grid = (hq, triton.cdiv(lq, block_m), batch)
     for tiles, starts in tile_launches(geo, suffix_start):
         # The tiles that need the mask take pointer loads: through TMA, with the second pass compiled
-        # beside them, they took 1.17 ms against the pointer loads' 1.08 at 8192 over 16K with holes
-        # on the H200 (docs/device-runs/h200-masked-prefill.txt, section 5).
+        # beside them, they are slower.
         descriptors = None if tiles == MASKED_TILES.value else row_descriptors(k, geo.v, block_n)
         window_attention_kernel[grid](
             q, k, geo.v, *(descriptors or (k, geo.v)), geo.cache_position, geo.mask, starts, out, lse,

@@ -1,4 +1,4 @@
-"""Staged decode (SPEC section 3): one module per registered variant.
+"""Staged decode (semantics section 3): one module per registered variant.
 
 - ``staged``: the original-style orchestration (search and top-k in PyTorch, then a span forward);
 - ``split_window``: the stripe search in one Triton kernel (``search``, ``search_kernel``), then

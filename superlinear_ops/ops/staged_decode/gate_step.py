@@ -1,4 +1,4 @@
-"""What every staged-decode variant shares: the gate (SPEC section 3, step 5), and the type of the
+"""What every staged-decode variant shares: the gate (semantics section 3, step 5), and the type of the
 span forward a staged variant runs."""
 
 from __future__ import annotations

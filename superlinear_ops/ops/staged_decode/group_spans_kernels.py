@@ -246,7 +246,7 @@ def group_spans_attention(
     block_s: int = 64,
     pdl: bool | None = None,
 ) -> torch.Tensor:
-    """Staged decode output [B, Hq, 1, D] (SPEC section 3) for validated inputs, arguments as
+    """Staged decode output [B, Hq, 1, D] (semantics section 3) for validated inputs, arguments as
     ``grouped_kernels.grouped_decode_attention``; ``chunk`` is the keys per span program (a chunk
     of key positions), by default ``span_chunk_length`` of one span of all the keys per KV group."""
     batch, hq, _, dim = q1.shape

@@ -141,7 +141,7 @@ def _stripe_span_chunk(
 ):
     """Chunk ``program % N_SCHUNKS`` (``SCHUNK`` keys) of the span of stripe ``program // N_SCHUNKS``
     for every head of the group, whether or not the search keeps that stripe: the span depends on
-    the stripe alone (SPEC section 3, step 3). A chunk past the span's end stores an empty partial; a
+    the stripe alone (semantics section 3, step 3). A chunk past the span's end stores an empty partial; a
     stripe that is not valid (outside [0, window start)) stores nothing: no head can choose it.
 
     Under a mask the forward length counts from the row's first allowed key, which can only shorten
@@ -326,9 +326,8 @@ def run_group_kernel(
     # Stripe-span blocks through TMA where descriptors can describe K/V; the constexprs only
     # stripe-span programs read stay fixed without them, so grouped's block_k adds no compilation.
     # Under a mask the window's blocks come through them too, so no K/V load waits for its mask
-    # entries (H200, 4K, mask of ones: 15.4 us; 21.9 with the window on pointer loads beside the
-    # stripe-span programs' mask head). Without a mask, and for grouped's window at 64K, pointer loads
-    # were 0.2-0.9 us faster (docs/device-runs/h200-decode-window-tma.txt).
+    # entries (pointer loads there wait behind the stripe-span programs' mask head). Without a mask,
+    # and for grouped's window at long contexts, pointer loads are the faster.
     descriptors = row_descriptors(k, v, block_k) if stripe_spans else None
     span_block = block_k if stripe_spans else MIN_DOT.value
     group_kernel[(programs, hkv, batch)](

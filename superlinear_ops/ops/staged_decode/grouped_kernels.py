@@ -149,7 +149,7 @@ def grouped_decode_attention(
     pdl: bool | None = None,
     stripe_spans: bool = False,
 ) -> torch.Tensor:
-    """Staged decode output [B, Hq, 1, D] (SPEC section 3) for validated inputs.
+    """Staged decode output [B, Hq, 1, D] (semantics section 3) for validated inputs.
 
     ``decode_position`` holds the decode position in its last entry (any integer dtype);
     ``offsets`` are the stripe offsets, ``back_table``/``forward_table`` the span-length tables

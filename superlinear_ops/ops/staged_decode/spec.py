@@ -1,4 +1,4 @@
-"""``staged_decode``: one query per call, the search, its spans and the window (SPEC section 3)."""
+"""``staged_decode``: one query per call, the search, its spans and the window (semantics section 3)."""
 
 from __future__ import annotations
 

@@ -6,7 +6,7 @@ For one decode step every (batch, head) attends its window once and each of its 
    partial softmax state (max, sum, weighted values) in the log2 domain.
 2. ``merge_kernel``: one program per (head, batch) merges the window's chunks once, then each span
    slot's chunks on top of them (O_j = softmax over span_j and the window), and returns the
-   gate-weighted sum of the O_j (SPEC section 3, steps 4-5) in Q's dtype.
+   gate-weighted sum of the O_j (semantics section 3, steps 4-5) in Q's dtype.
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Staged decode (SPEC section 3): stripe search, top-k anchors, spans, span attention, gate.
+"""Staged decode (semantics section 3): stripe search, top-k anchors, spans, span attention, gate.
 
 CUDA-graph safe: every shape comes from Lkv and the arguments (never from the decode position),
 there is no host synchronisation and no data-dependent Python branch. The short-prefix rule needs

@@ -4,7 +4,7 @@ It scores every stripe key against the search query (fp32, unscaled; invalid str
 the top ``TOPK`` (lowest stripe index first among ties; missing slots score -inf with anchor -1; a
 NaN score counts as +inf, so it is chosen and the gate's softmax turns the output NaN),
 and turns each anchor into its span [qstart, qend] with the exact span-length tables
-(SPEC section 3, steps 1-3): one launch in place of a chain of small PyTorch ops.
+(semantics section 3, steps 1-3): one launch in place of a chain of small PyTorch ops.
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """Staged decode through the public API (GQA and MHA entry points and their aliases, force_mode,
 the float64 reference path) and decode edge cases, against the independent oracle. Every
-registered variant is compared with the oracle directly in test_variants.py."""
+registered variant is compared with the oracle directly in tests/ops/test_variants.py."""
 
 from __future__ import annotations
 
@@ -83,7 +83,7 @@ def test_float64_runs_the_reference_path_exactly(gen: torch.Generator) -> None:
     x = make_decode_inputs(case, gen)
     got = superlinear_ops.decode_span_attention_staged_gqa(*positional(x), **api_kwargs(x))
     assert got.dtype == torch.float64
-    # Search scores and the gate are fp32 by definition (SPEC section 3); the rest is float64.
+    # Search scores and the gate are fp32 by definition (semantics section 3); the rest is float64.
     assert_close(got, x.oracle()[0], torch.float32, case.lkv, "float64 path")
 
 

@@ -68,7 +68,7 @@ def test_every_subpackage_is_packaged() -> None:
 
     import tomllib
 
-    root = pathlib.Path(__file__).resolve().parent.parent
+    root = pathlib.Path(__file__).resolve().parents[2]
     declared = set(tomllib.loads((root / "pyproject.toml").read_text())["tool"]["setuptools"]["packages"])
     found = {
         ".".join(p.parent.relative_to(root).parts) for p in (root / "superlinear_ops").rglob("__init__.py")
@@ -127,7 +127,7 @@ def test_explain_workload_explains_every_problem(capsys) -> None:
     from superlinear_ops.problem import device_identity
     from superlinear_ops.tuner.workload import load
 
-    quick = pathlib.Path(__file__).resolve().parent.parent / "tuning" / "quick.yaml"
+    quick = pathlib.Path(__file__).resolve().parents[2] / "tuning" / "quick.yaml"
     assert main(["explain", "--workload", str(quick), "--device", "cpu"]) == 0
     text = capsys.readouterr().out
     labels = [c.label for c in load(quick).cases(device_identity(torch.device("cpu")))]
@@ -170,7 +170,7 @@ def test_warmup_runs_every_problem_once_so_later_calls_resolve_nothing(capsys) -
     from superlinear_ops.tuner.tune import unique_cases
     from superlinear_ops.tuner.workload import load
 
-    quick = pathlib.Path(__file__).resolve().parent.parent / "tuning" / "quick.yaml"
+    quick = pathlib.Path(__file__).resolve().parents[2] / "tuning" / "quick.yaml"
     assert main(["warmup", str(quick), "--device", "cpu", "--no-progress", "--problems", "^(decode|training)"]) == 0
     cases = unique_cases(load(quick).cases(device_identity(torch.device("cpu")), "^(decode|training)"))
     assert f"warmed up {len(cases)} problems on cpu" in capsys.readouterr().out and len(cases) == 3

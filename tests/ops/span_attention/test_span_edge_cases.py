@@ -1,5 +1,5 @@
 """Span-op edge cases for every registered variant: a batch row that attends nothing at all, and
-inputs that break the span/window contract (unvalidated). The full matrix is in test_variants.py."""
+inputs that break the span/window contract (unvalidated). The full matrix is in tests/ops/test_variants.py."""
 
 from __future__ import annotations
 

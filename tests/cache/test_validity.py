@@ -26,7 +26,7 @@ from superlinear_ops.problem import DeviceIdentity, Problem
 from superlinear_ops.registry import REGISTRY, Registry
 from superlinear_ops.tuner.search import candidate_of, params_of
 
-ROOT = pathlib.Path(__file__).resolve().parent.parent
+ROOT = pathlib.Path(__file__).resolve().parents[2]
 H200 = DeviceIdentity("NVIDIA H200", "sm_90", 132)
 H100 = DeviceIdentity("NVIDIA H100 80GB HBM3", "sm_90", 132)
 A100 = DeviceIdentity("NVIDIA A100-SXM4-80GB", "sm_80", 108)

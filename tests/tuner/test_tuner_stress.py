@@ -1,4 +1,4 @@
-"""Issue #15, tuner: workload field errors, Ctrl-C during ``tune`` and concurrent first starts."""
+"""The tuner under stress: workload field errors, Ctrl-C during ``tune`` and concurrent first starts."""
 
 from __future__ import annotations
 
@@ -18,7 +18,7 @@ from superlinear_ops.problem import ATTENTION_LAYER, device_identity
 from superlinear_ops.tuner.search import INTERRUPTED
 from superlinear_ops.tuner.workload import WorkloadError, load
 
-ROOT = pathlib.Path(__file__).resolve().parent.parent
+ROOT = pathlib.Path(__file__).resolve().parents[2]
 GOOD = """\
 name: tiny
 model: {batch: 1, q_heads: 2, kv_heads: 1, head_dim: 16, dtype: float32}

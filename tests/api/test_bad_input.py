@@ -1,4 +1,4 @@
-"""Issue #15, bad input: every case raises the specific error naming the argument, or gives the
+"""Bad input: every case raises the specific error naming the argument, or gives the
 correct (exact, clamped) result where the input is legal. Tiny shapes; Triton under the interpreter."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Issue #15, numerics: the float64 path is differentiable, unattended NaN never leaks, attended NaN
+"""Numerics: the float64 path is differentiable, unattended NaN never leaks, attended NaN
 always shows, and spans overlapping the window give the same result on every variant.
 
 Every registered variant that applies on this machine runs directly (the Triton ones under the

@@ -1,4 +1,4 @@
-"""The layer's spans from its anchors (SPEC section 7, step 2): the one-launch Triton kernel
+"""The layer's spans from its anchors (semantics section 4, step 2): the one-launch Triton kernel
 (``layer.spans_kernel``) against an element-by-element oracle (exact decimal span lengths, the
 first allowed key found by a scan) and against the tensor ops it replaces, bit for bit.
 

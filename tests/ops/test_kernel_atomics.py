@@ -24,13 +24,13 @@ def atomic_calls() -> list[tuple[str, int, dict[str, str]]]:
 
 
 def test_every_triton_atomic_names_its_memory_order() -> None:
-    """Triton's default order is acquire-release, which an fp32 sum never needs: on the H200 it took
-    the gate-score backward 2.2x its relaxed time (docs/device-runs/h200-shared-helpers.txt). Each
+    """Triton's default order is acquire-release, which an fp32 sum never needs and which costs
+    several times the relaxed order's time. Each
     atomic says its order; only a counter that publishes other programs' writes may ask for more."""
     calls = atomic_calls()
     assert len(calls) >= 8, f"expected the package's atomics, found {len(calls)}"
     unnamed = [f"{f}:{line}" for f, line, kw in calls if "sem" not in kw]
     assert not unnamed, f"atomics without sem= (Triton's default is acq_rel): {unnamed}"
     ordered = [(f, kw["sem"]) for f, _, kw in calls if kw["sem"] != '"relaxed"']
-    assert ordered == [("decode/group_spans_kernels.py", '"acq_rel"'), ("decode/grouped_kernels.py", '"acq_rel"')], (
+    assert ordered == [("ops/staged_decode/group_spans_kernels.py", '"acq_rel"'), ("ops/staged_decode/grouped_kernels.py", '"acq_rel"')], (
         f"only the decodes' finished-program counters order memory (acq_rel); found {ordered}")

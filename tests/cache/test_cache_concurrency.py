@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import multiprocessing
 import os
+import pathlib
 import signal
 import subprocess
 import sys
@@ -118,7 +119,7 @@ WRITER = textwrap.dedent(
 
 def test_kill_9_mid_transaction_keeps_every_committed_entry(tmp_path) -> None:
     path = tmp_path / "killed.sqlite"
-    script = WRITER.format(tests=os.path.dirname(__file__), path=str(path))
+    script = WRITER.format(tests=str(pathlib.Path(__file__).resolve().parents[1]), path=str(path))
     proc = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True)
     committed = []
     for line in proc.stdout:

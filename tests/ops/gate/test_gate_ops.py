@@ -1,7 +1,7 @@
 """The layer's gate as registered ops (gate scores, the gate, and their backwards).
 
 Every variant, at its default and at each corner of its declared space, against a float64 oracle
-written here from SPEC section 7 step 4 alone (loops over rows, as ``oracle.layer_head`` computes
+written here from docs/semantics.md section 4, step 4 alone (loops over rows, as ``oracle.layer_head`` computes
 the gate), its outputs NaN-prefilled; empty slots (anchor -1) whose stand-in key row and Q1 row
 hold NaN; B 2, rep 1, 2, 4 and 16, D 64, 96 (padded), 128 and 256, fewer rows than the largest row block. Then the
 dispatch: the layer's gate steps choose through the registry, a tuned configuration and an explicit

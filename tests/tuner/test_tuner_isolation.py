@@ -37,7 +37,7 @@ from superlinear_ops.tuner.search import SearchSettings, open_study, params_of
 from superlinear_ops.tuner.tune import open_storage, tune
 from superlinear_ops.tuner.workload import load
 
-ROOT = pathlib.Path(__file__).resolve().parent.parent
+ROOT = pathlib.Path(__file__).resolve().parents[2]
 CPU = torch.device("cpu")
 NAME = "planted_faults"
 LOG_ENV = "SUPERLINEAR_OPS_TEST_PLANTED_LOG"  # the planted launch appends each fault it runs here

@@ -32,7 +32,7 @@ from superlinear_ops.tuner.search import SearchSettings, study_name
 from superlinear_ops.tuner.tune import open_storage, tune, unique_cases
 from superlinear_ops.tuner.workload import WorkloadError, load
 
-ROOT = pathlib.Path(__file__).resolve().parent.parent
+ROOT = pathlib.Path(__file__).resolve().parents[2]
 QUICK = ROOT / "tuning" / "quick.yaml"
 CPU = torch.device("cpu")
 

@@ -4,6 +4,7 @@ caches that cannot be used warn, and every CLI error is one line with exit statu
 from __future__ import annotations
 
 import os
+import pathlib
 import subprocess
 import sys
 import warnings
@@ -105,7 +106,7 @@ def test_cli_errors_are_one_line_with_exit_status_2(argv, message, tmp_path) -> 
     garbage = tmp_path / "garbage.bin"
     garbage.write_bytes(b"not a database" * 100)
     argv = [arg.format(garbage=garbage) for arg in argv]
-    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    root = str(pathlib.Path(__file__).resolve().parents[2])
     done = subprocess.run([sys.executable, "-m", "superlinear_ops.cli", *argv], cwd=root, capture_output=True,
                           text=True, timeout=300)
     assert done.returncode == 2, done.stderr

@@ -1,4 +1,4 @@
-"""The whole attention layer (SPEC section 7: search, spans, span + window attention, gate) against the
+"""The whole attention layer (semantics section 4: search, spans, span + window attention, gate) against the
 independent float64 oracle: both registered search variants through the public composition, the
 dispatched ``superlinear_attention``, the original-signature aliases and the input checks.
 

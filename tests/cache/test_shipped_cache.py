@@ -15,7 +15,7 @@ from superlinear_ops.problem import DeviceIdentity, Problem
 from superlinear_ops.registry import REGISTRY
 from superlinear_ops.tuner.workload import load
 
-ROOT = pathlib.Path(__file__).resolve().parent.parent
+ROOT = pathlib.Path(__file__).resolve().parents[2]
 WORKLOAD = ROOT / "tuning" / "superlinear-exp-v0.1.yaml"
 H200 = DeviceIdentity("NVIDIA H200", "sm_90", 132)
 H100 = DeviceIdentity("NVIDIA H100 80GB HBM3", "sm_90", 132)

@@ -1,4 +1,4 @@
-"""Issue #24, hardening round 2: huge windows, non-finite values in keys and rows nobody uses (or
+"""Extreme inputs: huge windows, non-finite values in keys and rows nobody uses (or
 one row uses), gradients that must not go missing, and clear errors for the rest.
 
 Every case compares with the independent float64 oracle (tests/oracle.py) on clean inputs, on the

@@ -15,7 +15,7 @@ from superlinear_ops.registry import REGISTRY
 from superlinear_ops.tuner import sanitize as sweep
 from superlinear_ops.tuner.sanitize import covering_configs, items, layouts, sanitize
 
-ROOT = pathlib.Path(__file__).resolve().parent.parent
+ROOT = pathlib.Path(__file__).resolve().parents[2]
 H200 = DeviceIdentity("NVIDIA H200", "sm_90", 132)
 LAYER = "^layer[^:]*$"  # the quick workload's layer problem alone (not its gate parts)
 
