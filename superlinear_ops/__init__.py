@@ -3,7 +3,14 @@
 The public functions are drop-in replacements for the ``superlinear`` 0.1.0 span and decode API
 (``api``) and its whole-layer prefill API (``layer_api``: ``superlinear_attention`` and the original
 names); ``patch_superlinear()`` points an installed original package at them.
+
+``SUPERLINEAR_OPS_PLUGINS`` (comma-separated module names) adds variants and ops of one's own: each
+module is imported once the library's are registered, and its ``VARIANTS`` (and ``OPS``) declared
+(``ops.register_plugin``); worker and sanitizer processes inherit the variable.
 """
+
+import importlib
+import os
 
 from .api import (
     decode_span_attention,
@@ -27,7 +34,7 @@ from .layer_api import (
     prefill_mha,
     superlinear_attention,
 )
-from .ops import register_builtin
+from .ops import register_builtin, register_plugin
 from .patch import patch_superlinear, unpatch_superlinear
 from .precompile import warmup
 from .problem import Problem
@@ -35,6 +42,12 @@ from .registry import REGISTRY
 from .version import __version__ as __version__
 
 register_builtin(REGISTRY)  # the library's ops and variants
+for _plugin in filter(None, (name.strip() for name in os.environ.get("SUPERLINEAR_OPS_PLUGINS", "").split(","))):
+    try:
+        _module = importlib.import_module(_plugin)
+    except ImportError as err:
+        raise ImportError(f"SUPERLINEAR_OPS_PLUGINS names {_plugin!r}, which cannot be imported: {err}") from err
+    register_plugin(REGISTRY, _module)
 use_cache()  # explicit cache (SUPERLINEAR_OPS_CACHE) > user store > shipped files > defaults
 
 __all__ = [

@@ -8,10 +8,14 @@ know of it), its kernels and its variants (``variants``: one block per variant).
 - ``layer``: the whole layer composed from them (no op of its own).
 ``kernel_helpers`` holds the Triton helpers the kernels share, ``rules`` the rules the variants
 share, ``spec`` and ``inputs`` what every op spec builds on. ``register_builtin`` declares the
-library's ops and variants in a registry (the package does so once, on import).
+library's ops and variants in a registry (the package does so once, on import); ``register_plugin``
+declares a plugin module's: a new variant is one module with a ``VARIANTS`` tuple (and a new op, an
+``OPS`` tuple of its specs), named in ``SUPERLINEAR_OPS_PLUGINS``.
 """
 
 from __future__ import annotations
+
+from types import ModuleType
 
 from ..registry import Registry
 from .gate import variants as gate_variants
@@ -40,4 +44,14 @@ def register_builtin(registry: Registry) -> None:
             registry.register(variant)
 
 
-__all__ = ["BUILTIN", "OpSpec", "register_builtin"]
+def register_plugin(registry: Registry, module: ModuleType) -> None:
+    """Declare a plugin module's ops (``OPS``: op specs, optional) and variants (``VARIANTS``) in ``registry``."""
+    if not isinstance(getattr(module, "VARIANTS", None), tuple):
+        raise TypeError(f"plugin {module.__name__} must define VARIANTS, a tuple of registry.Variant")
+    for spec in getattr(module, "OPS", ()):
+        registry.add_op(spec)
+    for variant in module.VARIANTS:
+        registry.register(variant)
+
+
+__all__ = ["BUILTIN", "OpSpec", "register_builtin", "register_plugin"]

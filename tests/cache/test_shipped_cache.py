@@ -80,3 +80,21 @@ def test_dispatcher_serves_every_model_m_problem_from_the_shipped_files(gpu: Dev
         owners = holders[key_of(case.problem)._replace(device="")]
         expected = {"shipped"} if gpu.name in owners else {f"shipped, borrowed from {owner}" for owner in owners}
         assert explanation.choice.source in expected, (case.label, explanation.text())
+
+
+@pytest.mark.parametrize("gpu", [H200, H100], ids=["h200", "h100"])
+def test_explain_of_the_workload_finds_every_shipped_entry_current(gpu: DeviceIdentity, monkeypatch, capsys) -> None:
+    """`superlinear-ops explain --workload` as an H200 or H100 with a clean user cache: every problem is
+    served by a shipped entry (its GPU's own or a sibling's), none is stale."""
+    from superlinear_ops import cli
+
+    if {major_minor(e.provenance.triton_version) for entries in shipped_by_gpu().values() for e in entries} != {major_minor(triton_version())}:
+        pytest.skip("the shipped entries are valid only with the Triton they were measured with")
+    monkeypatch.setattr(cli, "_device", lambda args: gpu)
+    assert cli.main(["explain", "--workload", str(WORKLOAD)]) == 0
+    out = capsys.readouterr().out
+    cases = out.count("\n== ") + out.startswith("== ")
+    choices = [line for line in out.splitlines() if line.startswith("choice: ")]
+    assert cases == len(load(WORKLOAD).cases(gpu)) == len(choices) > 40
+    assert all("(source: shipped" in line for line in choices), [c for c in choices if "(source: shipped" not in c]
+    assert "kernel source changed" not in out and "stale" not in out
