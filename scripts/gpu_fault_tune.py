@@ -9,7 +9,7 @@ that the tune completed, both faults are failed trials of category 'illegal acce
 study and in the store, the correct candidates completed after them, the winner is correct; then
 that a second tune (a fresh study, the same store) records the faults failed without running them.
 
-    python scripts/device_fault_tune.py [--dir DIR] [--timeout SECONDS]
+    python scripts/gpu_fault_tune.py [--dir DIR] [--timeout SECONDS]
 
 Prints the trials and 'tune completed with the fault recorded'; exit status 0 when all holds.
 """
@@ -28,6 +28,7 @@ import triton
 import triton.language as tl
 import yaml
 from optuna.trial import TrialState
+from superlinear_ops.variants import no_check, staged_decode_with, triton_forward, triton_reasons
 
 from superlinear_ops.buckets import key_of
 from superlinear_ops.cache.store import Store
@@ -38,7 +39,6 @@ from superlinear_ops.tuner.faults import CRASH
 from superlinear_ops.tuner.search import SearchSettings, open_study, params_of
 from superlinear_ops.tuner.tune import open_storage, tune
 from superlinear_ops.tuner.workload import load
-from superlinear_ops.variants import no_check, staged_decode_with, triton_forward, triton_reasons
 
 NAME = "planted_oob"
 CORRECT, OOB_ALWAYS, OOB_LATER = 1, 2, 3

@@ -1,6 +1,6 @@
 """Dispatch overhead on the memoised path, in microseconds per call (CPU; no kernel runs).
 
-Run:  python scripts/bench_dispatch.py
+Run:  python benchmarks/dispatch_overhead.py
 Measures, for a model-M decode problem: ``select`` on a ready Problem; building the Problem from
 tensors plus ``select`` (what each op call does); and, for scale, one full public decode call on
 tiny CPU inputs (validation, custom-op dispatch, dispatcher and the reference path).

@@ -8,7 +8,7 @@ throughput (the attended (query, key) pairs' FLOPs over our time); per-kernel de
 slice); registers and spill stores of every compiled backward kernel; and, with ``--sanitize``,
 ``compute-sanitizer`` memcheck of the training problems' covering configurations at a small shape.
 
-Run on a GPU:  PYTHONPATH=. python scripts/training_layer_compare.py --out training-layer.json --sanitize
+Run on a GPU:  PYTHONPATH=. python benchmarks/whole_layer_training.py --out training-layer.json --sanitize
 """
 
 from __future__ import annotations
@@ -20,8 +20,8 @@ import sys
 
 import torch
 import triton
-from layer_compare import ARGS, HQ, D, check_case, inputs, original_module, target_case  # this folder's helpers
-from prefill_compare import profile
+from span_forward_tiles import profile
+from whole_layer import ARGS, HQ, D, check_case, inputs, original_module, target_case  # this folder's helpers
 
 from superlinear_ops.layer_api import superlinear_attention
 from superlinear_ops.ops.span_attention import tile_backward as span_tc_backward

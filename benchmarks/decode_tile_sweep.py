@@ -9,7 +9,7 @@ cache) timed the same way in the same run. Configurations the variant refuses ar
 their reason; failures are kept with their message. One JSON row per problem is printed as it
 finishes, and all of them are written to ``--out`` with the sweep sorted by time.
 
-Run on a GPU:  PYTHONPATH=. python scripts/decode_sweep.py --cases '^decode 65536' --stages 3 4 6 8
+Run on a GPU:  PYTHONPATH=. python benchmarks/decode_tile_sweep.py --cases '^decode 65536' --stages 3 4 6 8
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ import json
 import re
 
 import torch
-from decode_compare import kernel_times
+from decode_variants import kernel_times
 
 from superlinear_ops import dispatch
 from superlinear_ops.launch import KernelConfig

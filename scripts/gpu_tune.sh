@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # On an H200 (run from the repository root; optuna/sqlalchemy/platformdirs wheels in .whl/ when the image lacks them):
-#   bash scripts/h200_tune.sh OUT_DIR [tune [TRIALS SECONDS]|check|sweep REGEX SECONDS]
+#   bash scripts/gpu_tune.sh OUT_DIR [tune [TRIALS SECONDS]|check|sweep REGEX SECONDS]
 # tune:  tune model M's workload (one worker per visible GPU, journal-file studies), export
 #        cache/nvidia-h200.yaml, explain every problem with a clean user cache
 # check: verify the shipped file, bench the workload (JSON + PNG), then the side-by-side comparisons:
@@ -34,9 +34,9 @@ tune)
 check)
     slops verify "$workload" --require-all 2>&1 | quiet
     slops bench "$workload" -o "$out/bench.json" --plot "$out/bench.png" 2>&1 | quiet
-    python3 scripts/prefill_compare.py --out "$out/prefill-compare.json" 2>&1 | quiet
-    python3 scripts/training_compare.py --out "$out/training-compare.json" 2>&1 | quiet
-    python3 scripts/decode_compare.py --out "$out/decode-compare.json" 2>&1 | quiet | cut -c1-300
+    python3 benchmarks/span_forward_tiles.py --out "$out/prefill-compare.json" 2>&1 | quiet
+    python3 benchmarks/span_training.py --out "$out/training-compare.json" 2>&1 | quiet
+    python3 benchmarks/decode_variants.py --out "$out/decode-compare.json" 2>&1 | quiet | cut -c1-300
     ;;
 sweep)
     slops tune tuning/sweep-model-m.yaml --sampler exhaustive --trials 0 --timeout "$4" --problems "$3" \

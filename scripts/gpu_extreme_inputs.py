@@ -2,8 +2,8 @@
 gradients, and every value of the tensor-core backward's tile space, each against the float64
 reference path on the same GPU.
 
-    python scripts/device_inputs.py [--out results.json]               # exits 1 when a case fails
-    compute-sanitizer --tool memcheck --error-exitcode 9 python scripts/device_inputs.py --small
+    python scripts/gpu_extreme_inputs.py [--out results.json]               # exits 1 when a case fails
+    compute-sanitizer --tool memcheck --error-exitcode 9 python scripts/gpu_extreme_inputs.py --small
 
 ``--small`` shrinks the tile-space sweep's shape for the memory checker. Without a GPU it runs the
 same cases under Triton's interpreter (tiny shapes, slow), as a dry run.

@@ -1,7 +1,7 @@
 """GPU acceptance run for the foundation: every variant compiles and matches the reference at model-M
 shapes (bf16), decode replays from a CUDA graph equal to eager, 64-bit offsets, timings beside SDPA.
 
-Run on a machine with an NVIDIA GPU:  python scripts/device_check.py --out results.json
+Run on a machine with an NVIDIA GPU:  python scripts/gpu_acceptance.py --out results.json
 """
 
 from __future__ import annotations

@@ -7,7 +7,7 @@ config sweep, medians of the new forward, the old ``span_forward`` (block_k 16, 
 ``scaled_dot_product_attention`` and the lower bound, per-kernel profiler times, and the compiled
 kernels' registers, spills and whether ``tl.dot`` became ``wgmma``. Prints a table; JSON to --out.
 
-    PYTHONPATH=$PWD python3 scripts/prefill_compare.py --out $OUT/prefill_compare.json
+    PYTHONPATH=$PWD python3 benchmarks/span_forward_tiles.py --out $OUT/prefill_compare.json
 """
 
 from __future__ import annotations

@@ -9,7 +9,7 @@ per-kernel times (PyTorch profiler). First, on small slices, max errors of dQ/dK
 float64 reference, a check that the backward never synchronises with the host, and a short sweep
 of the backward's tile settings at 16K (the best one is used for the table).
 
-Run on a GPU:  PYTHONPATH=. python scripts/training_compare.py --out training.json
+Run on a GPU:  PYTHONPATH=. python benchmarks/span_training.py --out training.json
 """
 
 from __future__ import annotations

@@ -3,8 +3,8 @@ ones, on every registered variant and the whole layer; and the bad inputs that r
 (oversized topk, factors and sw_index, positions past the cache or negative, spans past the keys)
 run cleanly.
 
-    python scripts/device_hardening.py --part nan          # exits 1 when a case fails
-    compute-sanitizer --tool memcheck --error-exitcode 9 python scripts/device_hardening.py --part bad-inputs
+    python scripts/gpu_nan_and_bad_inputs.py --part nan          # exits 1 when a case fails
+    compute-sanitizer --tool memcheck --error-exitcode 9 python scripts/gpu_nan_and_bad_inputs.py --part bad-inputs
 
 Without a GPU it runs the same cases under Triton's interpreter (small, slow), as a dry run.
 """

@@ -14,7 +14,7 @@ Parts (``--parts``, default all, in this order):
   large cases.
 
 Model M: B 1, Hq 32, Hkv 2, D 128, bf16, sw_index 65 (W 2032), search power 0.55, span power 0.55,
-bf 3, ff 1, topk 3. Run on a GPU:  PYTHONPATH=. python scripts/layer_compare.py --out layer.json
+bf 3, ff 1, topk 3. Run on a GPU:  PYTHONPATH=. python benchmarks/whole_layer.py --out layer.json
 """
 
 from __future__ import annotations
@@ -26,7 +26,8 @@ import re
 import torch
 import torch.nn.functional as F
 import triton
-from prefill_compare import bench, profile, time_few  # this folder's model-M comparison helpers
+from span_forward_tiles import bench, profile, time_few  # this folder's model-M comparison helpers
+from superlinear_ops.ops.layer.steps import spans_of_anchors
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from superlinear_ops import geometry, torch_ops
@@ -34,7 +35,6 @@ from superlinear_ops.launch import KernelConfig
 from superlinear_ops.layer_api import superlinear_attention
 from superlinear_ops.ops.inputs import decode_mask
 from superlinear_ops.ops.layer.composition import attention_layer
-from superlinear_ops.ops.layer.steps import spans_of_anchors
 from superlinear_ops.ops.layer_search.reference import search_reference
 from superlinear_ops.ops.layer_search.stripe_tile_search import stripe_tile_default, stripe_tile_search
 from superlinear_ops.ops.layer_search.tiled_search import search_default, tiled_search
@@ -342,7 +342,7 @@ def main() -> None:
     parser.add_argument("--out", default="layer-compare.json", help="JSON results file")
     parser.add_argument("--parts", default="checks,sweep,targets", help="comma-separated: checks, sweep, targets")
     parser.add_argument("--cases", default="", help="targets: only the cases matching this regular expression, "
-                        "e.g. '^prefill' (training has its own script, training_layer_compare.py)")
+                        "e.g. '^prefill' (training has its own script, whole_layer_training.py)")
     args = parser.parse_args()
     results = {"device": torch.cuda.get_device_name(), "torch": torch.__version__, "triton": triton.__version__}
     parts = {"checks": checks, "sweep": sweep, "targets": lambda: targets(args.cases)}

@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
 # Issue #22's acceptance on one H200, one script and one run (from the repository root; optuna/sqlalchemy/platformdirs
-# and the original `superlinear` wheel in .whl/ when the image lacks them):  bash scripts/h200_prefill_acceptance.sh OUT_DIR
+# and the original `superlinear` wheel in .whl/ when the image lacks them):  bash benchmarks/prefill_acceptance.sh OUT_DIR
 # 1. the prefill table (ours, cuDNN and flash SDPA, the original, the lower bound, the search alone, per-kernel times)
 #    and the checks (anchor sets against the float64 search, O and gradients against the float64 layer, CUDA-graph
-#    replay against eager): scripts/layer_compare.py --parts checks,targets --cases '^prefill'
+#    replay against eager): benchmarks/whole_layer.py --parts checks,targets --cases '^prefill'
 # 2. compute-sanitizer memcheck of the prefill's kernels (span forward, both searches, spans, gate) at a small shape:
 #    every covering configuration of their declared spaces
 # 3. the first prefill call in a fresh process with a warm Triton cache (`superlinear-ops warmup` first), 32K and 1M keys
@@ -13,9 +13,9 @@ set -uo pipefail
 out="$1"; mkdir -p "$out"
 if [ -d .whl ]; then
     python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl
-    export PYTHONPATH="/tmp/site:$PWD:$PWD/scripts"
+    export PYTHONPATH="/tmp/site:$PWD"
 else
-    export PYTHONPATH="$PWD:$PWD/scripts"
+    export PYTHONPATH="$PWD"
 fi
 export HOME=/tmp/clean-home PYTHONUNBUFFERED=1 TRITON_CACHE_DIR=/tmp/acceptance-triton   # a clean user cache
 mkdir -p "$HOME"
@@ -26,7 +26,7 @@ step() { echo "## $(date +%T) $1"; }
 failed=""
 check() { [ "$1" -eq 0 ] || failed="$failed $2"; }  # check STATUS NAME
 step "1. table and checks"
-python3 scripts/layer_compare.py --parts checks,targets --cases '^prefill' --out "$out/h200-layer-compare.json" 2>&1 | quiet
+python3 benchmarks/whole_layer.py --parts checks,targets --cases '^prefill' --out "$out/h200-layer-compare.json" 2>&1 | quiet
 check "${PIPESTATUS[0]}" table
 step "2. memcheck"
 slops sanitize "$workload" --problems '^(layer )?prefill 8192 over 8192' --jobs "$(nproc)" --no-progress 2>&1 | quiet | tail -3
@@ -36,7 +36,7 @@ rm -rf "$TRITON_CACHE_DIR"
 slops warmup "$workload" --problems '^layer prefill (8192 over 65536|8192 over 1048576)$' 2>&1 | quiet | tail -1
 check "${PIPESTATUS[0]}" warmup
 for keys in 32768 1048576; do
-    python3 scripts/first_call.py --device cuda --queries 8192 --keys "$keys" 2>&1 | quiet
+    python3 benchmarks/first_call_latency.py --device cuda --queries 8192 --keys "$keys" 2>&1 | quiet
     check "${PIPESTATUS[0]}" "first-call-$keys"
 done
 step "4. verify"
