@@ -30,8 +30,10 @@ from superlinear_ops.ops.inputs import search_like_spans
 from superlinear_ops.ops.span_attention.per_query_forward import span_forward
 from superlinear_ops.ops.span_attention.reference import span_forward_reference
 from superlinear_ops.ops.span_attention.span_tiles import clamped_span_bounds
-from superlinear_ops.ops.span_attention.tile_forward import TC_FORWARD_DEFAULTS, span_forward_tc, span_tile_kernel, tc_forward_default
+from superlinear_ops.ops.span_attention.tile_forward import span_forward_tc, span_tile_kernel
+from superlinear_ops.ops.span_attention.variants import TC_FORWARD_DEFAULTS, tc_forward_default
 from superlinear_ops.ops.span_attention.window_forward import window_attention, window_attention_kernel
+from superlinear_ops.problem import SPAN_FORWARD, Problem
 
 BANDWIDTH, BF16_FLOPS = 4.3e12, 790e12
 B, HQ, HKV, D, K_SPANS = 1, 32, 2, 128, 3
@@ -106,7 +108,7 @@ def small_checks(gen, dev):
         qs, qe = spans(gen, lq, cp, lkv, window)
         qs, qe = qs[:, :hq], qe[:, :hq]
         geo = LaunchGeometry.prepare(q, k, v, qs, qe, cp, mask, window)
-        config = tc_forward_default(d, dtype)
+        config = tc_forward_default(Problem.for_span(SPAN_FORWARD, q, k, qs.shape[-1], masked, 65, "float0.55"))
         entry = {"dtype": str(dtype), "hq": hq, "hkv": hkv, "d": d, "masked": masked, "random_pos": random_pos}
         try:
             out, lse = poisoned_tc(geo, config)

@@ -28,10 +28,12 @@ from superlinear_ops.ops.span_attention.per_query_backward import span_backward
 from superlinear_ops.ops.span_attention.per_query_forward import span_forward
 from superlinear_ops.ops.span_attention.reference import span_backward_reference, span_forward_reference
 from superlinear_ops.ops.span_attention.span_tiles import clamped_span_bounds
-from superlinear_ops.ops.span_attention.tile_backward import SPAN_TC_BACKWARD_DEFAULTS, span_backward_tc
+from superlinear_ops.ops.span_attention.tile_backward import span_backward_tc
+from superlinear_ops.ops.span_attention.variants import TC_BACKWARD_DEFAULTS
 
 try:
-    from superlinear_ops.ops.span_attention.tile_forward import TC_FORWARD_DEFAULTS, span_forward_tc
+    from superlinear_ops.ops.span_attention.tile_forward import span_forward_tc
+    from superlinear_ops.ops.span_attention.variants import TC_FORWARD_DEFAULTS
 except ImportError:
     span_forward_tc = None
 
@@ -85,7 +87,7 @@ def bench(fn, rep=200):
 
 def config_of(window, span):
     names = ("block_m", "block_n", "warps", "stages")
-    return {**SPAN_TC_BACKWARD_DEFAULTS, **{f"window_{n}": x for n, x in zip(names, window)},
+    return {**TC_BACKWARD_DEFAULTS, **{f"window_{n}": x for n, x in zip(names, window)},
             **{f"span_{n}": x for n, x in zip(names, span)}}
 
 
@@ -190,7 +192,7 @@ def main() -> None:
     parser.add_argument("--no-sweep", action="store_true")
     args = parser.parse_args()
     report = {"device": torch.cuda.get_device_name(), "window": WINDOW}
-    config = dict(SPAN_TC_BACKWARD_DEFAULTS)
+    config = dict(TC_BACKWARD_DEFAULTS)
 
     # 1. correctness on slices: training (rep 16, 4K) and random unsorted positions with a masked prefix
     report["errors"] = {name: errors(problem(**kw), config) for name, kw in SLICES.items()}

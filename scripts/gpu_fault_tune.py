@@ -28,11 +28,13 @@ import triton
 import triton.language as tl
 import yaml
 from optuna.trial import TrialState
-from superlinear_ops.variants import no_check, staged_decode_with, triton_forward, triton_reasons
 
 from superlinear_ops.buckets import key_of
 from superlinear_ops.cache.store import Store
 from superlinear_ops.launch import KernelConfig
+from superlinear_ops.ops.rules import no_check, triton_reasons
+from superlinear_ops.ops.span_attention.variants import triton_forward
+from superlinear_ops.ops.staged_decode.variants import staged_decode_with
 from superlinear_ops.problem import STAGED_DECODE, device_identity
 from superlinear_ops.registry import REGISTRY, Param, Variant
 from superlinear_ops.tuner.faults import CRASH

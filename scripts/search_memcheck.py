@@ -17,7 +17,7 @@ import sys
 
 import torch
 
-import superlinear_ops.variants  # noqa: F401  (registers the variants)
+import superlinear_ops  # noqa: F401  (registers the variants)
 from superlinear_ops import geometry
 from superlinear_ops.launch import KernelConfig
 from superlinear_ops.ops.layer_search.reference import search_reference

@@ -15,8 +15,8 @@ import sys
 import torch
 
 from superlinear_ops import geometry
+from superlinear_ops.ops.layer.spans import spans_of_anchors
 from superlinear_ops.ops.layer.spans_kernel import spans_by_kernel
-from superlinear_ops.ops.layer.steps import spans_of_anchors
 from superlinear_ops.settings import SpanSettings
 
 POWERS = ({"search_power": 0.55, "inv_search_power_int": None}, {"search_power": None, "inv_search_power_int": 2})
