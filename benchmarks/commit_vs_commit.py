@@ -133,6 +133,10 @@ def main() -> int:
     parser.add_argument("--side", help=argparse.SUPPRESS)  # internal: run one side in this process
     parser.add_argument("--out-dir", help=argparse.SUPPRESS)
     args = parser.parse_args()
+    import torch
+
+    if not torch.cuda.is_available():
+        raise SystemExit("commit_vs_commit.py needs a CUDA GPU; none is available")
     if args.rounds < 1:
         parser.error("--rounds must be at least 1")
     if args.side:

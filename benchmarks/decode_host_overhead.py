@@ -35,6 +35,8 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--context", type=int, default=1048576)
     args = parser.parse_args()
+    if not torch.cuda.is_available():
+        raise SystemExit("decode_host_overhead.py needs a CUDA GPU; none is available")
     device = torch.device("cuda")
     case = next(c for c in decode_cases(device)
                 if c.problem.keys == args.context and c.cache_fill is None and c.problem.batch == 1)

@@ -112,6 +112,8 @@ def main() -> None:
     parser.add_argument("--contexts", type=int, nargs="+", default=list(CONTEXTS))
     parser.add_argument("--mask-dtypes", nargs="+", choices=("bool", "int64"), default=["bool", "int64"])
     args = parser.parse_args()
+    if not torch.cuda.is_available():
+        raise SystemExit("decode_masks.py needs a CUDA GPU; none is available")
     device = torch.device("cuda")
     measured = [measure_row(masked_case(context, kind), label, getattr(torch, dtype), device)
                 for context in args.contexts for label, kind in MASKS

@@ -62,6 +62,8 @@ def timed(bench: ProblemBench, variant, config: KernelConfig) -> dict:
 
 def main() -> None:
     args = parse_args()
+    if args.device.startswith("cuda") and not torch.cuda.is_available():
+        raise SystemExit("decode_tile_sweep.py needs a CUDA GPU; none is available (--device cpu under TRITON_INTERPRET=1 for a smoke run)")
     device = torch.device(args.device)
     pattern = re.compile(args.cases)
     cases = [c for c in load(args.workload).cases(device_identity(device))

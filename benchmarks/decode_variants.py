@@ -96,6 +96,8 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--out", default="decode_compare.json")
     args = parser.parse_args()
+    if not torch.cuda.is_available():
+        raise SystemExit("decode_variants.py needs a CUDA GPU; none is available")
     device = torch.device("cuda")
     cases = decode_cases(device)
     rows = []

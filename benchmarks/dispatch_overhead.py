@@ -8,6 +8,7 @@ tiny CPU inputs (validation, custom-op dispatch, dispatcher and the reference pa
 
 from __future__ import annotations
 
+import argparse
 import statistics
 import timeit
 
@@ -24,6 +25,7 @@ def per_call_us(fn, number: int, repeat: int = 7) -> float:
 
 
 def main() -> None:
+    argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter).parse_args()
     q = torch.zeros(1, 32, 1, 128, dtype=torch.bfloat16)
     k = torch.zeros(1, 2, 65536, 128, dtype=torch.bfloat16)
     factors = (3.0, 1.0, 0.55)

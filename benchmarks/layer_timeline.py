@@ -50,6 +50,8 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--cases", nargs="+", default=["8192:16384", "8192:139264"], help="QUERIES:KEYS chunks")
     args = parser.parse_args()
+    if not torch.cuda.is_available():
+        raise SystemExit("layer_timeline.py needs a CUDA GPU; none is available")
     for case in args.cases:
         lq, lkv = (int(n) for n in case.split(":"))
         timeline(lq, lkv)

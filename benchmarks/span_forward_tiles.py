@@ -255,6 +255,8 @@ def main():
     parser.add_argument("--cases", nargs="*", default=list(CASES))
     parser.add_argument("--seed", type=int, default=20261130)
     args = parser.parse_args()
+    if not torch.cuda.is_available():
+        raise SystemExit("span_forward_tiles.py needs a CUDA GPU; none is available")
     dev = torch.device("cuda")
     gen = torch.Generator(device=dev).manual_seed(args.seed)
     report = {"device": torch.cuda.get_device_name(), "torch": torch.__version__, "triton": triton.__version__,

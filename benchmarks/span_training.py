@@ -191,6 +191,8 @@ def main() -> None:
     parser.add_argument("--lengths", default="4096,16384,65536")
     parser.add_argument("--no-sweep", action="store_true")
     args = parser.parse_args()
+    if not torch.cuda.is_available():
+        raise SystemExit("span_training.py needs a CUDA GPU; none is available")
     report = {"device": torch.cuda.get_device_name(), "window": WINDOW}
     config = dict(TC_BACKWARD_DEFAULTS)
 

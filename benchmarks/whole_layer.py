@@ -347,6 +347,8 @@ def main() -> None:
     parser.add_argument("--cases", default="", help="targets: only the cases matching this regular expression, "
                         "e.g. '^prefill' (training has its own script, whole_layer_training.py)")
     args = parser.parse_args()
+    if not torch.cuda.is_available():
+        raise SystemExit("whole_layer.py needs a CUDA GPU; none is available")
     results = {"device": torch.cuda.get_device_name(), "torch": torch.__version__, "triton": triton.__version__}
     parts = {"checks": checks, "sweep": sweep, "targets": lambda: targets(args.cases)}
     for part in args.parts.split(","):

@@ -71,6 +71,8 @@ def main() -> None:
     parser.add_argument("--out", default="training-layer.json", help="JSON results file")
     parser.add_argument("--sanitize", action="store_true", help="also run memcheck over the training problems")
     args = parser.parse_args()
+    if not torch.cuda.is_available():
+        raise SystemExit("whole_layer_training.py needs a CUDA GPU; none is available")
     results = {"device": torch.cuda.get_device_name(), "torch": torch.__version__, "triton": triton.__version__,
                "errors_training_2048": check_case("training 2048", 2048, 2048, 0)}
     original = original_module()

@@ -201,6 +201,8 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--out", default="device_check.json", help="where to write the JSON results")
     args = parser.parse_args()
+    if not torch.cuda.is_available():
+        raise SystemExit("gpu_acceptance.py needs a CUDA GPU; none is available")
     RESULTS["env"] = dict(
         gpu=torch.cuda.get_device_name(), torch=torch.__version__, triton=triton.__version__,
         cuda=torch.version.cuda, python=platform.python_version(), date=time.strftime("%Y-%m-%d %H:%M:%S"),
