@@ -1,4 +1,4 @@
-"""Masked decode beside unmasked decode and dense attention on a GPU, in one run (issue 23's table).
+"""Masked decode beside unmasked decode and dense attention on a GPU, in one run.
 
 For model M's decode over a full context of 4K, 64K and 1M keys (B = 1), one row per mask: none,
 all ones, 10% holes, 100 left-padded keys (bool masks, and the same masks as int64, as model code

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# Issue #22's acceptance on one H200, one script and one run (from the repository root; optuna/sqlalchemy/platformdirs
-# and the original `superlinear` wheel in .whl/ when the image lacks them):  bash benchmarks/prefill_acceptance.sh OUT_DIR
+# The whole layer's prefill on one GPU, table and acceptance checks in one run (from the repository root;
+# optuna/sqlalchemy/platformdirs and the original `superlinear` wheel in .whl/ when the image lacks them):
+#   bash benchmarks/prefill_acceptance.sh OUT_DIR
 # 1. the prefill table (ours, cuDNN and flash SDPA, the original, the lower bound, the search alone, per-kernel times)
 #    and the checks (anchor sets against the float64 search, O and gradients against the float64 layer, CUDA-graph
 #    replay against eager): benchmarks/whole_layer.py --parts checks,targets --cases '^prefill'
@@ -8,8 +9,9 @@
 #    every covering configuration of their declared spaces
 # 3. the first prefill call in a fresh process with a warm Triton cache (`superlinear-ops warmup` first), 32K and 1M keys
 # 4. verify --require-all of the shipped file's prefill and layer-prefill entries
-# Every step runs; the script exits 1 when any of them failed (and names it).
+# Every step runs; the script exits 1 when any of them failed (and names it). The table's JSON: OUT_DIR/whole-layer-prefill.json.
 set -uo pipefail
+case "${1:-}" in -h|--help|"") sed -n '2,/^set /p' "$0" | grep "^#" | cut -c3-; exit 0;; esac  # this header is the help
 out="$1"; mkdir -p "$out"
 if [ -d .whl ]; then
     python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl
@@ -26,7 +28,7 @@ step() { echo "## $(date +%T) $1"; }
 failed=""
 check() { [ "$1" -eq 0 ] || failed="$failed $2"; }  # check STATUS NAME
 step "1. table and checks"
-python3 benchmarks/whole_layer.py --parts checks,targets --cases '^prefill' --out "$out/h200-layer-compare.json" 2>&1 | quiet
+python3 benchmarks/whole_layer.py --parts checks,targets --cases '^prefill' --out "$out/whole-layer-prefill.json" 2>&1 | quiet
 check "${PIPESTATUS[0]}" table
 step "2. memcheck"
 slops sanitize "$workload" --problems '^(layer )?prefill 8192 over 8192' --jobs "$(nproc)" --no-progress 2>&1 | quiet | tail -3

@@ -1,4 +1,4 @@
-"""The whole attention layer (SPEC section 7) on a GPU at model M, side by side in one run.
+"""The whole attention layer (docs/semantics.md section 4) on a GPU at model M, side by side in one run.
 
 Parts (``--parts``, default all, in this order):
 - checks: max errors of O and dQ1/dQ2/dK/dV against the float64 reference (the library's PyTorch

@@ -1,4 +1,4 @@
-"""Training of the whole attention layer on a GPU at model M, in one run (issue #21).
+"""Training of the whole attention layer on a GPU at model M, in one run.
 
 For Lq = Lkv = 4K, 16K, 64K: the public op forward + backward (tuned cache as installed) beside
 dense SDPA (causal, K/V repeated to 32 heads outside the timing) with the cuDNN and the flash

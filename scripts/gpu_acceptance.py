@@ -1,4 +1,4 @@
-"""GPU acceptance run for the foundation: every variant compiles and matches the reference at model-M
+"""GPU acceptance run: every variant compiles and matches the reference at model-M
 shapes (bf16), decode replays from a CUDA graph equal to eager, 64-bit offsets, timings beside SDPA.
 
 Run on a machine with an NVIDIA GPU:  python scripts/gpu_acceptance.py --out results.json

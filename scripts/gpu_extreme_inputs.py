@@ -1,4 +1,4 @@
-"""Issues #24 and #20 on a GPU: huge windows, non-finite values nobody uses or one row uses, decode
+"""On a GPU: huge windows, non-finite values nobody uses or one row uses, decode
 gradients, and every value of the tensor-core backward's tile space, each against the float64
 reference path on the same GPU.
 

@@ -125,7 +125,7 @@ def main() -> int:
     if not torch.cuda.is_available() or os.environ.get("TRITON_INTERPRET") == "1":
         print("needs a CUDA GPU and TRITON_INTERPRET unset", file=sys.stderr)
         return 2
-    folder = pathlib.Path(args.dir or tempfile.mkdtemp(prefix="device-fault-"))
+    folder = pathlib.Path(args.dir or tempfile.mkdtemp(prefix="gpu-fault-tune-"))
     folder.mkdir(parents=True, exist_ok=True)
     (folder / "workload.yaml").write_text(yaml.safe_dump(WORKLOAD, sort_keys=False))
     log = folder / "faults.log"
