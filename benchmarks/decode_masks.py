@@ -11,7 +11,7 @@ largest difference between a graph replay and an eager call on fresh queries; an
 Every row of ours is timed before any dense backend runs (their slow backends leave the GPU slower
 for a while), so every row's inputs stay on the GPU until the end (about 13 GB at 1M).
 
-Run on a GPU:  PYTHONPATH=. python benchmarks/decode_masks.py --out decode_mask.json
+Run on a GPU:  PYTHONPATH=. python benchmarks/decode_masks.py --out decode_masks.json
 """
 
 from __future__ import annotations

@@ -33,7 +33,7 @@ from superlinear_ops.tuner.workload import load
 
 def parse_args() -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--out", default="decode_sweep.json", help="the JSON file written at the end")
+    parser.add_argument("--out", default="decode_tile_sweep.json", help="the JSON file written at the end")
     parser.add_argument("--workload", default="tuning/superlinear-exp-v0.1.yaml")
     parser.add_argument("--device", default="cuda", help="cuda, or cpu under TRITON_INTERPRET=1 (a smoke run)")
     parser.add_argument("--cases", default="^decode (65536|1048576)", help="regex over the workload's decode labels")

@@ -7,7 +7,7 @@ replaying a CUDA graph (and eagerly at 1M, also through the public API and its d
 variant's kernels are timed one by one with the PyTorch profiler; each variant's graph is replayed
 at five advancing positions and compared with eager calls.
 
-Run on a GPU:  PYTHONPATH=. python benchmarks/decode_variants.py --out decode.json
+Run on a GPU:  PYTHONPATH=. python benchmarks/decode_variants.py --out decode_variants.json
 """
 
 from __future__ import annotations
@@ -94,7 +94,7 @@ def decode_cases(device: torch.device) -> list[Case]:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
-    parser.add_argument("--out", default="decode_compare.json")
+    parser.add_argument("--out", default="decode_variants.json")
     args = parser.parse_args()
     if not torch.cuda.is_available():
         raise SystemExit("decode_variants.py needs a CUDA GPU; none is available")

@@ -9,7 +9,7 @@
 #    every covering configuration of their declared spaces
 # 3. the first prefill call in a fresh process with a warm Triton cache (`superlinear-ops warmup` first), 32K and 1M keys
 # 4. verify --require-all of the shipped file's prefill and layer-prefill entries
-# Every step runs; the script exits 1 when any of them failed (and names it). The table's JSON: OUT_DIR/whole-layer-prefill.json.
+# Every step runs; the script exits 1 when any of them failed (and names it). The table's JSON: OUT_DIR/whole_layer_prefill.json.
 set -uo pipefail
 case "${1:-}" in -h|--help|"") sed -n '2,/^set /p' "$0" | grep "^#" | cut -c3-; exit 0;; esac  # this header is the help
 out="$1"; mkdir -p "$out"
@@ -28,7 +28,7 @@ step() { echo "## $(date +%T) $1"; }
 failed=""
 check() { [ "$1" -eq 0 ] || failed="$failed $2"; }  # check STATUS NAME
 step "1. table and checks"
-python3 benchmarks/whole_layer.py --parts checks,targets --cases '^prefill' --out "$out/whole-layer-prefill.json" 2>&1 | quiet
+python3 benchmarks/whole_layer.py --parts checks,targets --cases '^prefill' --out "$out/whole_layer_prefill.json" 2>&1 | quiet
 check "${PIPESTATUS[0]}" table
 step "2. memcheck"
 slops sanitize "$workload" --problems '^(layer )?prefill 8192 over 8192' --jobs "$(nproc)" --no-progress 2>&1 | quiet | tail -3

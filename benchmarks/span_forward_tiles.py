@@ -251,7 +251,7 @@ def compiled_info(out_dir):
 
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--out", type=Path, default=Path("prefill_compare.json"))
+    parser.add_argument("--out", type=Path, default=Path("span_forward_tiles.json"))
     parser.add_argument("--cases", nargs="*", default=list(CASES))
     parser.add_argument("--seed", type=int, default=20261130)
     args = parser.parse_args()

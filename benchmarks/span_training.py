@@ -9,7 +9,7 @@ per-kernel times (PyTorch profiler). First, on small slices, max errors of dQ/dK
 float64 reference, a check that the backward never synchronises with the host, and a short sweep
 of the backward's tile settings at 16K (the best one is used for the table).
 
-Run on a GPU:  PYTHONPATH=. python benchmarks/span_training.py --out training.json
+Run on a GPU:  PYTHONPATH=. python benchmarks/span_training.py --out span_training.json
 """
 
 from __future__ import annotations
@@ -187,7 +187,7 @@ def measure(length, config):
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--out", default="training.json")
+    parser.add_argument("--out", default="span_training.json")
     parser.add_argument("--lengths", default="4096,16384,65536")
     parser.add_argument("--no-sweep", action="store_true")
     args = parser.parse_args()

@@ -14,7 +14,7 @@ Parts (``--parts``, default all, in this order):
   large cases.
 
 Model M: B 1, Hq 32, Hkv 2, D 128, bf16, sw_index 65 (W 2032), search power 0.55, span power 0.55,
-bf 3, ff 1, topk 3. Run on a GPU:  PYTHONPATH=. python benchmarks/whole_layer.py --out layer.json
+bf 3, ff 1, topk 3. Run on a GPU:  PYTHONPATH=. python benchmarks/whole_layer.py --out whole_layer.json
 """
 
 from __future__ import annotations
@@ -342,7 +342,7 @@ def targets(only: str = ""):
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--out", default="layer-compare.json", help="JSON results file")
+    parser.add_argument("--out", default="whole_layer.json", help="JSON results file")
     parser.add_argument("--parts", default="checks,sweep,targets", help="comma-separated: checks, sweep, targets")
     parser.add_argument("--cases", default="", help="targets: only the cases matching this regular expression, "
                         "e.g. '^prefill' (training has its own script, whole_layer_training.py)")

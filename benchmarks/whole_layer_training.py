@@ -8,7 +8,7 @@ throughput (the attended (query, key) pairs' FLOPs over our time); per-kernel de
 slice); registers and spill stores of every compiled backward kernel; and, with ``--sanitize``,
 ``compute-sanitizer`` memcheck of the training problems' covering configurations at a small shape.
 
-Run on a GPU:  PYTHONPATH=. python benchmarks/whole_layer_training.py --out training-layer.json --sanitize
+Run on a GPU:  PYTHONPATH=. python benchmarks/whole_layer_training.py --out whole_layer_training.json --sanitize
 """
 
 from __future__ import annotations
@@ -68,7 +68,7 @@ def sanitize() -> str:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--out", default="training-layer.json", help="JSON results file")
+    parser.add_argument("--out", default="whole_layer_training.json", help="JSON results file")
     parser.add_argument("--sanitize", action="store_true", help="also run memcheck over the training problems")
     args = parser.parse_args()
     if not torch.cuda.is_available():

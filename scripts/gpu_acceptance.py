@@ -199,7 +199,7 @@ def check_int64_offsets(gen) -> None:
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__)
-    parser.add_argument("--out", default="device_check.json", help="where to write the JSON results")
+    parser.add_argument("--out", default="gpu_acceptance.json", help="where to write the JSON results")
     args = parser.parse_args()
     if not torch.cuda.is_available():
         raise SystemExit("gpu_acceptance.py needs a CUDA GPU; none is available")

@@ -38,9 +38,9 @@ tune)
 check)
     slops verify "$workload" --require-all 2>&1 | quiet
     slops bench "$workload" -o "$out/bench.json" --plot "$out/bench.png" 2>&1 | quiet
-    python3 benchmarks/span_forward_tiles.py --out "$out/span-forward-tiles.json" 2>&1 | quiet
-    python3 benchmarks/span_training.py --out "$out/span-training.json" 2>&1 | quiet
-    python3 benchmarks/decode_variants.py --out "$out/decode-variants.json" 2>&1 | quiet | cut -c1-300
+    python3 benchmarks/span_forward_tiles.py --out "$out/span_forward_tiles.json" 2>&1 | quiet
+    python3 benchmarks/span_training.py --out "$out/span_training.json" 2>&1 | quiet
+    python3 benchmarks/decode_variants.py --out "$out/decode_variants.json" 2>&1 | quiet | cut -c1-300
     ;;
 sweep)
     slops tune tuning/sweep-model-m.yaml --sampler exhaustive --trials 0 --timeout "$4" --problems "$3" \
