@@ -13,11 +13,12 @@ anchor set differs or a score is off by more than 1e-4.
 
 from __future__ import annotations
 
+import argparse
 import sys
 
 import torch
 
-import superlinear_ops.variants  # noqa: F401  (registers the variants)
+import superlinear_ops  # noqa: F401  (registers the variants)
 from superlinear_ops import geometry
 from superlinear_ops.launch import KernelConfig
 from superlinear_ops.ops.layer_search.reference import search_reference
@@ -40,6 +41,9 @@ def extremes(name: str, rep: int) -> list[KernelConfig]:
 
 
 def main() -> int:
+    argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter).parse_args()
+    if not torch.cuda.is_available():
+        raise SystemExit("search_memcheck.py needs a CUDA GPU; none is available")
     params = geometry.power_params(search_power=0.55, inv_search_power_int=None)
     settings = SpanSettings(2, 3, 3.0, 1.0, 0.55, params).for_keys(KEYS)
     differing = 0

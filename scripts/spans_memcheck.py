@@ -10,13 +10,14 @@ difference.
 
 from __future__ import annotations
 
+import argparse
 import sys
 
 import torch
 
 from superlinear_ops import geometry
+from superlinear_ops.ops.layer.spans import spans_of_anchors
 from superlinear_ops.ops.layer.spans_kernel import spans_by_kernel
-from superlinear_ops.ops.layer.steps import spans_of_anchors
 from superlinear_ops.settings import SpanSettings
 
 POWERS = ({"search_power": 0.55, "inv_search_power_int": None}, {"search_power": None, "inv_search_power_int": 2})
@@ -24,6 +25,9 @@ SHAPES = ((1, 37, 300, torch.int64), (2, 700, 3000, torch.int32))  # batch, quer
 
 
 def main() -> int:
+    argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter).parse_args()
+    if not torch.cuda.is_available():
+        raise SystemExit("spans_memcheck.py needs a CUDA GPU; none is available")
     gen = torch.Generator(device="cuda").manual_seed(3)
     differing = []
     for power in POWERS:

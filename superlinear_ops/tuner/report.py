@@ -13,7 +13,7 @@ The results file (``docs/benchmarks/<gpu>.json``) holds one GPU's current figure
           "title": "Whole layer, prefill",
           "date": "2026-12-04",                 # when it was measured
           "commit": "87be53a",                  # the commit it was measured at (or that recorded it)
-          "command": "python3 scripts/layer_compare.py ...",
+          "command": "python3 benchmarks/whole_layer.py ...",
           "units": "ms",                        # or "us"
           "dense_backend": "cuDNN",             # the SDPA backend in the "dense" column
           "bound": "max(bytes / 4.3 TB/s, FLOPs / 790 TFLOP/s)",

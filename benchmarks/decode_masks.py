@@ -1,4 +1,4 @@
-"""Masked decode beside unmasked decode and dense attention on a GPU, in one run (issue 23's table).
+"""Masked decode beside unmasked decode and dense attention on a GPU, in one run.
 
 For model M's decode over a full context of 4K, 64K and 1M keys (B = 1), one row per mask: none,
 all ones, 10% holes, 100 left-padded keys (bool masks, and the same masks as int64, as model code
@@ -11,7 +11,7 @@ largest difference between a graph replay and an eager call on fresh queries; an
 Every row of ours is timed before any dense backend runs (their slow backends leave the GPU slower
 for a while), so every row's inputs stay on the GPU until the end (about 13 GB at 1M).
 
-Run on a GPU:  PYTHONPATH=. python scripts/decode_mask_compare.py --out decode_mask.json
+Run on a GPU:  PYTHONPATH=. python benchmarks/decode_masks.py --out decode_masks.json
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ import json
 
 import torch
 import torch.nn.functional as F
-from decode_compare import api_call, kernel_times
+from decode_variants import api_call, kernel_times
 
 from superlinear_ops import dispatch
 from superlinear_ops.ops.inputs import Inputs
@@ -112,6 +112,8 @@ def main() -> None:
     parser.add_argument("--contexts", type=int, nargs="+", default=list(CONTEXTS))
     parser.add_argument("--mask-dtypes", nargs="+", choices=("bool", "int64"), default=["bool", "int64"])
     args = parser.parse_args()
+    if not torch.cuda.is_available():
+        raise SystemExit("decode_masks.py needs a CUDA GPU; none is available")
     device = torch.device("cuda")
     measured = [measure_row(masked_case(context, kind), label, getattr(torch, dtype), device)
                 for context in args.contexts for label, kind in MASKS

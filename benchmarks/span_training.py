@@ -3,13 +3,13 @@
 For Lq = Lkv = 4K, 16K, 64K (cache_position = arange, spans from random anchors before each window
 with the search's lengths, bf 3 / ff 1 / span power 0.55, W = 2032): the tensor-core backward
 (``span_backward_tc``) after the tensor-core forward (``span_forward_tc`` when it imports, else the
-per-span ``span_forward``); backward alone and forward + backward; the old fused-span split-dK/dV
-backward (4K only); dense SDPA causal forward + backward; the FLOP lower bound at 790 TFLOP/s; the
+per-span ``span_forward``); backward alone and forward + backward; the per-span fused-span split-dK/dV
+backward (``span_backward``, 4K only); dense SDPA causal forward + backward; the FLOP lower bound at 790 TFLOP/s; the
 per-kernel times (PyTorch profiler). First, on small slices, max errors of dQ/dK/dV against the
 float64 reference, a check that the backward never synchronises with the host, and a short sweep
 of the backward's tile settings at 16K (the best one is used for the table).
 
-Run on a GPU:  PYTHONPATH=. python scripts/training_compare.py --out training.json
+Run on a GPU:  PYTHONPATH=. python benchmarks/span_training.py --out span_training.json
 """
 
 from __future__ import annotations
@@ -28,10 +28,12 @@ from superlinear_ops.ops.span_attention.per_query_backward import span_backward
 from superlinear_ops.ops.span_attention.per_query_forward import span_forward
 from superlinear_ops.ops.span_attention.reference import span_backward_reference, span_forward_reference
 from superlinear_ops.ops.span_attention.span_tiles import clamped_span_bounds
-from superlinear_ops.ops.span_attention.tile_backward import SPAN_TC_BACKWARD_DEFAULTS, span_backward_tc
+from superlinear_ops.ops.span_attention.tile_backward import span_backward_tc
+from superlinear_ops.ops.span_attention.variants import TC_BACKWARD_DEFAULTS
 
 try:
-    from superlinear_ops.ops.span_attention.tile_forward import TC_FORWARD_DEFAULTS, span_forward_tc
+    from superlinear_ops.ops.span_attention.tile_forward import span_forward_tc
+    from superlinear_ops.ops.span_attention.variants import TC_FORWARD_DEFAULTS
 except ImportError:
     span_forward_tc = None
 
@@ -40,7 +42,7 @@ SW_INDEX, POWER, SPAN_POWER, BF, FF = 65, 0.55, 0.55, 3.0, 1.0
 WINDOW = geometry.window_len_from_sw_index(SW_INDEX, search_power=POWER, inv_search_power_int=None)
 DEVICE = "cuda"
 PEAK_FLOPS = 790e12
-OLD_CONFIG = KernelConfig(block_k=32, num_warps=4, num_stages=2)
+PER_SPAN_CONFIG = KernelConfig(block_k=32, num_warps=4, num_stages=2)
 SLICES = {  # correctness problems (float64 reference): training with rep 8; unsorted positions, mask
     "train_4096_rep8": {"length": 4096, "hq": 8, "hkv": 1, "seed": 1},
     "random_pos_512_over_6000_mask": {"length": 6000, "hq": 4, "hkv": 2, "seed": 2, "masked": True, "queries": 512},
@@ -73,10 +75,10 @@ def forward(geo):
     if span_forward_tc is not None:
         try:
             return span_forward_tc(geo, TC_FORWARD_DEFAULTS)
-        except Exception as exc:  # noqa: BLE001 (keep measuring the backward with the old forward)
+        except Exception as exc:  # noqa: BLE001 (keep measuring the backward with the per-span forward)
             print("span_forward_tc failed, using span_forward:", str(exc)[:300], flush=True)
             span_forward_tc = None
-    return span_forward(geo, OLD_CONFIG)
+    return span_forward(geo, PER_SPAN_CONFIG)
 
 
 def bench(fn, rep=200):
@@ -85,7 +87,7 @@ def bench(fn, rep=200):
 
 def config_of(window, span):
     names = ("block_m", "block_n", "warps", "stages")
-    return {**SPAN_TC_BACKWARD_DEFAULTS, **{f"window_{n}": x for n, x in zip(names, window)},
+    return {**TC_BACKWARD_DEFAULTS, **{f"window_{n}": x for n, x in zip(names, window)},
             **{f"span_{n}": x for n, x in zip(names, span)}}
 
 
@@ -174,8 +176,8 @@ def measure(length, config):
     row["fwd_ms"] = bench(lambda: forward(geo))
     row["fwd_bwd_ms"] = bench(lambda: span_backward_tc(geo, config, *forward(geo), grad_out))
     if length <= SLICES["train_4096_rep8"]["length"]:
-        row["old_fwd_bwd_ms"] = bench(lambda: span_backward(
-            geo, OLD_CONFIG, *span_forward(geo, OLD_CONFIG), grad_out, fused_spans=True, split_dkv=True), rep=1)
+        row["per_span_fwd_bwd_ms"] = bench(lambda: span_backward(
+            geo, PER_SPAN_CONFIG, *span_forward(geo, PER_SPAN_CONFIG), grad_out, fused_spans=True, split_dkv=True), rep=1)
     row["dense_fwd_bwd_ms"] = dense_ms(length)
     row["lower_bound_ms"], row["flops"] = lower_bound_ms(geo)
     row["kernels_ms"] = kernel_times(lambda: span_backward_tc(geo, config, *forward(geo), grad_out))
@@ -185,12 +187,14 @@ def measure(length, config):
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--out", default="training.json")
+    parser.add_argument("--out", default="span_training.json")
     parser.add_argument("--lengths", default="4096,16384,65536")
     parser.add_argument("--no-sweep", action="store_true")
     args = parser.parse_args()
+    if not torch.cuda.is_available():
+        raise SystemExit("span_training.py needs a CUDA GPU; none is available")
     report = {"device": torch.cuda.get_device_name(), "window": WINDOW}
-    config = dict(SPAN_TC_BACKWARD_DEFAULTS)
+    config = dict(TC_BACKWARD_DEFAULTS)
 
     # 1. correctness on slices: training (rep 16, 4K) and random unsorted positions with a masked prefix
     report["errors"] = {name: errors(problem(**kw), config) for name, kw in SLICES.items()}
@@ -212,16 +216,16 @@ def main() -> None:
         print("errors with the chosen config", json.dumps(report["errors_chosen_config"]), flush=True)
     report["config"] = config
     report["rows"] = [measure(int(length), config) for length in args.lengths.split(",")]
-    report["forward"] = "span_forward_tc" if span_forward_tc else "span_forward (old)"
+    report["forward"] = "span_forward_tc" if span_forward_tc else "span_forward (per span)"
     rows = report["rows"]
     with open(args.out, "w") as f:
         json.dump(report, f, indent=1)
 
     print(f"\nforward: {report['forward']}; backward config: {config}")
-    print(f"{'case':>12} {'bwd':>9} {'fwd':>9} {'fwd+bwd':>9} {'old':>9} {'dense':>9} {'bound':>9}  (ms, medians)")
+    print(f"{'case':>12} {'bwd':>9} {'fwd':>9} {'fwd+bwd':>9} {'per span':>9} {'dense':>9} {'bound':>9}  (ms, medians)")
     for r in rows:
         cells = [f"{r[n]:9.2f}" if n in r else f"{'-':>9}" for n in
-                 ("bwd_ms", "fwd_ms", "fwd_bwd_ms", "old_fwd_bwd_ms", "dense_fwd_bwd_ms", "lower_bound_ms")]
+                 ("bwd_ms", "fwd_ms", "fwd_bwd_ms", "per_span_fwd_bwd_ms", "dense_fwd_bwd_ms", "lower_bound_ms")]
         print(f"{r['length']:>12} {' '.join(cells)}")
     for r in rows:
         top = ", ".join(f"{n} {t:.2f}" for n, t in list(r.get("kernels_ms", {}).items())[:8])

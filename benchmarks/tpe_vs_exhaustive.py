@@ -5,7 +5,7 @@ TPE sampler (same settings, several fixed seeds, the heuristic default enqueued 
 measured times: each TPE trial returns the exhaustive measurement of the configuration it picks,
 and configurations the static check rejected are pruned, as in a live run.
 
-Run:  python scripts/replay_tpe.py STUDIES.log [...] --out results.json   (journal files or SQLite)
+Run:  python benchmarks/tpe_vs_exhaustive.py STUDIES.log [...] --out results.json   (journal files or SQLite)
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
-"""GPU acceptance run for the foundation: every variant compiles and matches the reference at model-M
+"""GPU acceptance run: every variant compiles and matches the reference at model-M
 shapes (bf16), decode replays from a CUDA graph equal to eager, 64-bit offsets, timings beside SDPA.
 
-Run on a machine with an NVIDIA GPU:  python scripts/device_check.py --out results.json
+Run on a machine with an NVIDIA GPU:  python scripts/gpu_acceptance.py --out results.json
 """
 
 from __future__ import annotations
@@ -199,8 +199,10 @@ def check_int64_offsets(gen) -> None:
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__)
-    parser.add_argument("--out", default="device_check.json", help="where to write the JSON results")
+    parser.add_argument("--out", default="gpu_acceptance.json", help="where to write the JSON results")
     args = parser.parse_args()
+    if not torch.cuda.is_available():
+        raise SystemExit("gpu_acceptance.py needs a CUDA GPU; none is available")
     RESULTS["env"] = dict(
         gpu=torch.cuda.get_device_name(), torch=torch.__version__, triton=triton.__version__,
         cuda=torch.version.cuda, python=platform.python_version(), date=time.strftime("%Y-%m-%d %H:%M:%S"),

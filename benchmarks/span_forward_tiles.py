@@ -2,12 +2,12 @@
 
 One run does everything: small correctness checks (dtypes, D, rep, masks, random positions) against
 the float64 reference; then per case (bf16, B 1, Hq 32, Hkv 2, D 128, K 3, W 2032): the error of
-the new forward on a 64-query slice against float64 and against the old kernel on all rows, a small
-config sweep, medians of the new forward, the old ``span_forward`` (block_k 16, 1 warp), dense
+the tensor-core forward on a 64-query slice against float64 and against the per-span kernel on all rows,
+a small config sweep, medians of the tensor-core forward, the per-span ``span_forward`` (block_k 16, 1 warp), dense
 ``scaled_dot_product_attention`` and the lower bound, per-kernel profiler times, and the compiled
 kernels' registers, spills and whether ``tl.dot`` became ``wgmma``. Prints a table; JSON to --out.
 
-    PYTHONPATH=$PWD python3 scripts/prefill_compare.py --out $OUT/prefill_compare.json
+    PYTHONPATH=$PWD python3 benchmarks/span_forward_tiles.py --out $OUT/span_forward_tiles.json
 """
 
 from __future__ import annotations
@@ -30,8 +30,10 @@ from superlinear_ops.ops.inputs import search_like_spans
 from superlinear_ops.ops.span_attention.per_query_forward import span_forward
 from superlinear_ops.ops.span_attention.reference import span_forward_reference
 from superlinear_ops.ops.span_attention.span_tiles import clamped_span_bounds
-from superlinear_ops.ops.span_attention.tile_forward import TC_FORWARD_DEFAULTS, span_forward_tc, span_tile_kernel, tc_forward_default
+from superlinear_ops.ops.span_attention.tile_forward import span_forward_tc, span_tile_kernel
+from superlinear_ops.ops.span_attention.variants import TC_FORWARD_DEFAULTS, tc_forward_default
 from superlinear_ops.ops.span_attention.window_forward import window_attention, window_attention_kernel
+from superlinear_ops.problem import SPAN_FORWARD, Problem
 
 BANDWIDTH, BF16_FLOPS = 4.3e12, 790e12
 B, HQ, HKV, D, K_SPANS = 1, 32, 2, 128, 3
@@ -44,7 +46,7 @@ CASES = {  # name: (queries, keys); prefill chunks end at the last key, training
 }
 SWEEP_WINDOW = [(64, 64, 4, 3)]  # besides the defaults (a wider sweep on 2026-11-30: these won or tied)
 SWEEP_SPAN = [(128, 64, 8, 3), (64, 64, 4, 4)]
-OLD_CONFIG = KernelConfig(block_k=16, num_warps=1, num_stages=1)
+PER_SPAN_CONFIG = KernelConfig(block_k=16, num_warps=1, num_stages=1)
 
 
 def spans(gen, lq, cache_position, lkv, window):
@@ -106,7 +108,7 @@ def small_checks(gen, dev):
         qs, qe = spans(gen, lq, cp, lkv, window)
         qs, qe = qs[:, :hq], qe[:, :hq]
         geo = LaunchGeometry.prepare(q, k, v, qs, qe, cp, mask, window)
-        config = tc_forward_default(d, dtype)
+        config = tc_forward_default(Problem.for_span(SPAN_FORWARD, q, k, qs.shape[-1], masked, 65, "float0.55"))
         entry = {"dtype": str(dtype), "hq": hq, "hkv": hkv, "d": d, "masked": masked, "random_pos": random_pos}
         try:
             out, lse = poisoned_tc(geo, config)
@@ -124,7 +126,7 @@ def bench(fn, rep=100):
 
 
 def time_few(fn, n=3):
-    """Median of ``n`` event-timed runs after one warm-up (for the slow old kernel)."""
+    """Median of ``n`` event-timed runs after one warm-up (for the slow per-span kernel)."""
     fn()
     times = []
     for _ in range(n):
@@ -209,20 +211,20 @@ def run_case(name, lq, lkv, gen, dev):
     print(name, "tc default", res["tc_default_ms"], "best", res["tc_best_ms"], config, flush=True)
 
     try:
-        res["old_ms"] = time_few(lambda: span_forward(geo, OLD_CONFIG))
-        old_out, old_lse = span_forward(geo, OLD_CONFIG)
-        res["tc_vs_old_max_abs"] = (out.float() - old_out.float()).abs().max().item()
-        res["tc_vs_old_lse_max_abs"] = (lse - old_lse)[torch.isfinite(old_lse)].abs().max().item()
-        del old_out, old_lse
+        res["per_span_ms"] = time_few(lambda: span_forward(geo, PER_SPAN_CONFIG))
+        per_span_out, per_span_lse = span_forward(geo, PER_SPAN_CONFIG)
+        res["tc_vs_per_span_max_abs"] = (out.float() - per_span_out.float()).abs().max().item()
+        res["tc_vs_per_span_lse_max_abs"] = (lse - per_span_lse)[torch.isfinite(per_span_lse)].abs().max().item()
+        del per_span_out, per_span_lse
     except Exception as exc:  # noqa: BLE001
-        res["old_error"] = f"{type(exc).__name__}: {exc}"[:300]
+        res["per_span_error"] = f"{type(exc).__name__}: {exc}"[:300]
     del out, lse, best_out, best_lse
     kd, vd = (t.repeat_interleave(HQ // HKV, dim=1) for t in (k, v))
     causal = lq == lkv
     from torch.nn.attention import SDPBackend, sdpa_kernel
     with sdpa_kernel([SDPBackend.FLASH_ATTENTION, SDPBackend.CUDNN_ATTENTION, SDPBackend.EFFICIENT_ATTENTION]):
         res["sdpa_ms"] = bench(lambda: F.scaled_dot_product_attention(q, kd, vd, is_causal=causal))
-    print(name, {k_: res.get(k_) for k_ in ("tc_best_ms", "old_ms", "sdpa_ms")}, res["bound"]["ms"], flush=True)
+    print(name, {k_: res.get(k_) for k_ in ("tc_best_ms", "per_span_ms", "sdpa_ms")}, res["bound"]["ms"], flush=True)
     return res
 
 
@@ -249,10 +251,12 @@ def compiled_info(out_dir):
 
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--out", type=Path, default=Path("prefill_compare.json"))
+    parser.add_argument("--out", type=Path, default=Path("span_forward_tiles.json"))
     parser.add_argument("--cases", nargs="*", default=list(CASES))
     parser.add_argument("--seed", type=int, default=20261130)
     args = parser.parse_args()
+    if not torch.cuda.is_available():
+        raise SystemExit("span_forward_tiles.py needs a CUDA GPU; none is available")
     dev = torch.device("cuda")
     gen = torch.Generator(device=dev).manual_seed(args.seed)
     report = {"device": torch.cuda.get_device_name(), "torch": torch.__version__, "triton": triton.__version__,
@@ -286,14 +290,14 @@ def main():
     for r in report["cases"]:
         if "sweep" in r:
             print(r["case"], "sweep", json.dumps(r["sweep"]), "\n  profile", [(p["name"][:40], round(p["ms_per_call"], 3)) for p in r["profile"][:6]])
-    print(f"\n{'case':22} {'new ms':>8} {'window':>8} {'old ms':>9} {'SDPA ms':>8} {'bound ms':>8} {'err rel':>9} {'vs old':>8}")
+    print(f"\n{'case':22} {'tc ms':>8} {'window':>8} {'span ms':>9} {'SDPA ms':>8} {'bound ms':>8} {'err rel':>9} {'vs span':>8}")
     for r in report["cases"]:
         if "error" in r:
             print(f"{r['case']:22} ERROR")
             continue
-        print(f"{r['case']:22} {r['tc_best_ms']:8.3f} {r['window_default_ms']:8.3f} {r.get('old_ms', math.nan):9.1f} "
+        print(f"{r['case']:22} {r['tc_best_ms']:8.3f} {r['window_default_ms']:8.3f} {r.get('per_span_ms', math.nan):9.1f} "
               f"{r['sdpa_ms']:8.3f} {r['bound']['ms']:8.3f} {r['error_vs_f64']['rel_norm']:9.2e} "
-              f"{r.get('tc_vs_old_max_abs', math.nan):8.1e}")
+              f"{r.get('tc_vs_per_span_max_abs', math.nan):8.1e}")
     print(f"wall {report['wall_s']:.0f} s")
 
 

@@ -9,7 +9,7 @@ cache) timed the same way in the same run. Configurations the variant refuses ar
 their reason; failures are kept with their message. One JSON row per problem is printed as it
 finishes, and all of them are written to ``--out`` with the sweep sorted by time.
 
-Run on a GPU:  PYTHONPATH=. python scripts/decode_sweep.py --cases '^decode 65536' --stages 3 4 6 8
+Run on a GPU:  PYTHONPATH=. python benchmarks/decode_tile_sweep.py --cases '^decode 65536' --stages 3 4 6 8
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ import json
 import re
 
 import torch
-from decode_compare import kernel_times
+from decode_variants import kernel_times
 
 from superlinear_ops import dispatch
 from superlinear_ops.launch import KernelConfig
@@ -33,7 +33,7 @@ from superlinear_ops.tuner.workload import load
 
 def parse_args() -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--out", default="decode_sweep.json", help="the JSON file written at the end")
+    parser.add_argument("--out", default="decode_tile_sweep.json", help="the JSON file written at the end")
     parser.add_argument("--workload", default="tuning/superlinear-exp-v0.1.yaml")
     parser.add_argument("--device", default="cuda", help="cuda, or cpu under TRITON_INTERPRET=1 (a smoke run)")
     parser.add_argument("--cases", default="^decode (65536|1048576)", help="regex over the workload's decode labels")
@@ -62,6 +62,8 @@ def timed(bench: ProblemBench, variant, config: KernelConfig) -> dict:
 
 def main() -> None:
     args = parse_args()
+    if args.device.startswith("cuda") and not torch.cuda.is_available():
+        raise SystemExit("decode_tile_sweep.py needs a CUDA GPU; none is available (--device cpu under TRITON_INTERPRET=1 for a smoke run)")
     device = torch.device(args.device)
     pattern = re.compile(args.cases)
     cases = [c for c in load(args.workload).cases(device_identity(device))

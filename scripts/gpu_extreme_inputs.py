@@ -1,9 +1,9 @@
-"""Issues #24 and #20 on a GPU: huge windows, non-finite values nobody uses or one row uses, decode
+"""On a GPU: huge windows, non-finite values nobody uses or one row uses, decode
 gradients, and every value of the tensor-core backward's tile space, each against the float64
 reference path on the same GPU.
 
-    python scripts/device_inputs.py [--out results.json]               # exits 1 when a case fails
-    compute-sanitizer --tool memcheck --error-exitcode 9 python scripts/device_inputs.py --small
+    python scripts/gpu_extreme_inputs.py [--out results.json]               # exits 1 when a case fails
+    compute-sanitizer --tool memcheck --error-exitcode 9 python scripts/gpu_extreme_inputs.py --small
 
 ``--small`` shrinks the tile-space sweep's shape for the memory checker. Without a GPU it runs the
 same cases under Triton's interpreter (tiny shapes, slow), as a dry run.
@@ -26,8 +26,9 @@ if not torch.cuda.is_available():
 from superlinear_ops import decode_span_attention_staged_gqa, fused_span_attention_gqa, superlinear_attention  # noqa: E402
 from superlinear_ops.launch import KernelConfig, LaunchGeometry  # noqa: E402
 from superlinear_ops.ops.span_attention.reference import span_backward_reference, span_forward_reference  # noqa: E402
-from superlinear_ops.ops.span_attention.tile_backward import SPAN_TC_BACKWARD_DEFAULTS, span_backward_tc  # noqa: E402
+from superlinear_ops.ops.span_attention.tile_backward import span_backward_tc  # noqa: E402
 from superlinear_ops.ops.span_attention.tile_forward import span_forward_tc  # noqa: E402
+from superlinear_ops.ops.span_attention.variants import TC_BACKWARD_DEFAULTS  # noqa: E402
 from superlinear_ops.problem import SPAN_BACKWARD, Problem  # noqa: E402
 from superlinear_ops.registry import REGISTRY  # noqa: E402
 from superlinear_ops.tuner.sanitize import covering_configs  # noqa: E402
@@ -142,7 +143,7 @@ def poisoned_row_cases() -> list[dict]:
         geo = LaunchGeometry.prepare(bad_q.to(DTYPE), bad_k.to(DTYPE), v.to(DTYPE), qstart, qend, cp, None, window)
         out, lse = span_forward_tc(geo, KernelConfig(window_block_m=64, window_block_n=64, window_warps=4, window_stages=2,
                                                      span_block_m=64, span_block_n=64, span_warps=4, span_stages=2))
-        grads = span_backward_tc(geo, SPAN_TC_BACKWARD_DEFAULTS, out, lse, grad.to(DTYPE))
+        grads = span_backward_tc(geo, TC_BACKWARD_DEFAULTS, out, lse, grad.to(DTYPE))
         poisoned_ok = bool(torch.equal(out.isnan().any(-1), want_out.isnan().any(-1)))
         entry = compare(f"span tensor cores, NaN in one {name}", list(grads), list(want), ("dQ", "dK", "dV"))
         entry["poisoned outputs match"] = poisoned_ok
@@ -192,7 +193,7 @@ def backward_space_cases(small: bool) -> list[dict]:
     out, lse = span_forward_tc(geo, KernelConfig(window_block_m=64, window_block_n=64, window_warps=4, window_stages=2,
                                                  span_block_m=64, span_block_n=64, span_warps=4, span_stages=2))
     results = []
-    for config in covering_configs(variant, KernelConfig(SPAN_TC_BACKWARD_DEFAULTS)):
+    for config in covering_configs(variant, KernelConfig(TC_BACKWARD_DEFAULTS)):
         reason = variant.compile_check(problem, config)
         if reason:  # the registry's static check keeps it from every tune on this GPU
             results.append({"case": f"backward {config.text()}", "ok": True, "skipped": reason, "errors": {}})

@@ -7,7 +7,7 @@ replaying a CUDA graph (and eagerly at 1M, also through the public API and its d
 variant's kernels are timed one by one with the PyTorch profiler; each variant's graph is replayed
 at five advancing positions and compared with eager calls.
 
-Run on a GPU:  PYTHONPATH=. python scripts/decode_compare.py --out decode.json
+Run on a GPU:  PYTHONPATH=. python benchmarks/decode_variants.py --out decode_variants.json
 """
 
 from __future__ import annotations
@@ -84,7 +84,7 @@ def graph_replay_matches_eager(bench: ProblemBench, name: str) -> float:
 
 
 def decode_cases(device: torch.device) -> list[Case]:
-    """Model M's decode problems without a mask over a full context (decode_mask_compare.py has
+    """Model M's decode problems without a mask over a full context (decode_masks.py has
     those), the static cache, and B = 4 at 256K."""
     workload = load("tuning/superlinear-exp-v0.1.yaml")
     cases = [c for c in workload.cases(device_identity(device)) if c.problem.op == "staged_decode" and not c.mask_kinds]
@@ -94,8 +94,10 @@ def decode_cases(device: torch.device) -> list[Case]:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
-    parser.add_argument("--out", default="decode_compare.json")
+    parser.add_argument("--out", default="decode_variants.json")
     args = parser.parse_args()
+    if not torch.cuda.is_available():
+        raise SystemExit("decode_variants.py needs a CUDA GPU; none is available")
     device = torch.device("cuda")
     cases = decode_cases(device)
     rows = []

@@ -1,6 +1,6 @@
 """Time a new process's import and first calls of the whole layer and of a decode step.
 
-    python scripts/first_call.py [--device cuda] [--keys 32768] [--queries 8192]
+    python benchmarks/first_call_latency.py [--device cuda] [--keys 32768] [--queries 8192]
 
 Prints the import time, the first and second call of each, and whether torch.compile's machinery
 (torch._dynamo, sympy) was imported. Run it in a fresh process (it is one); on a GPU, Triton's

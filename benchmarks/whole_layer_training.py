@@ -1,4 +1,4 @@
-"""Training of the whole attention layer on a GPU at model M, in one run (issue #21).
+"""Training of the whole attention layer on a GPU at model M, in one run.
 
 For Lq = Lkv = 4K, 16K, 64K: the public op forward + backward (tuned cache as installed) beside
 dense SDPA (causal, K/V repeated to 32 heads outside the timing) with the cuDNN and the flash
@@ -8,7 +8,7 @@ throughput (the attended (query, key) pairs' FLOPs over our time); per-kernel de
 slice); registers and spill stores of every compiled backward kernel; and, with ``--sanitize``,
 ``compute-sanitizer`` memcheck of the training problems' covering configurations at a small shape.
 
-Run on a GPU:  PYTHONPATH=. python scripts/training_layer_compare.py --out training-layer.json --sanitize
+Run on a GPU:  PYTHONPATH=. python benchmarks/whole_layer_training.py --out whole_layer_training.json --sanitize
 """
 
 from __future__ import annotations
@@ -20,8 +20,8 @@ import sys
 
 import torch
 import triton
-from layer_compare import ARGS, HQ, D, check_case, inputs, original_module, target_case  # this folder's helpers
-from prefill_compare import profile
+from span_forward_tiles import profile
+from whole_layer import ARGS, HQ, D, check_case, inputs, original_module, target_case  # this folder's helpers
 
 from superlinear_ops.layer_api import superlinear_attention
 from superlinear_ops.ops.span_attention import tile_backward as span_tc_backward
@@ -68,9 +68,11 @@ def sanitize() -> str:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--out", default="training-layer.json", help="JSON results file")
+    parser.add_argument("--out", default="whole_layer_training.json", help="JSON results file")
     parser.add_argument("--sanitize", action="store_true", help="also run memcheck over the training problems")
     args = parser.parse_args()
+    if not torch.cuda.is_available():
+        raise SystemExit("whole_layer_training.py needs a CUDA GPU; none is available")
     results = {"device": torch.cuda.get_device_name(), "torch": torch.__version__, "triton": triton.__version__,
                "errors_training_2048": check_case("training 2048", 2048, 2048, 0)}
     original = original_module()

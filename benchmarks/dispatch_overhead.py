@@ -1,6 +1,6 @@
 """Dispatch overhead on the memoised path, in microseconds per call (CPU; no kernel runs).
 
-Run:  python scripts/bench_dispatch.py
+Run:  python benchmarks/dispatch_overhead.py
 Measures, for a model-M decode problem: ``select`` on a ready Problem; building the Problem from
 tensors plus ``select`` (what each op call does); and, for scale, one full public decode call on
 tiny CPU inputs (validation, custom-op dispatch, dispatcher and the reference path).
@@ -8,6 +8,7 @@ tiny CPU inputs (validation, custom-op dispatch, dispatcher and the reference pa
 
 from __future__ import annotations
 
+import argparse
 import statistics
 import timeit
 
@@ -24,6 +25,7 @@ def per_call_us(fn, number: int, repeat: int = 7) -> float:
 
 
 def main() -> None:
+    argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter).parse_args()
     q = torch.zeros(1, 32, 1, 128, dtype=torch.bfloat16)
     k = torch.zeros(1, 2, 65536, 128, dtype=torch.bfloat16)
     factors = (3.0, 1.0, 0.55)

@@ -1,10 +1,10 @@
-"""Issue #15 on a GPU: NaN never leaks from keys no query attends and always shows from attended
+"""On a GPU: NaN never leaks from keys no query attends and always shows from attended
 ones, on every registered variant and the whole layer; and the bad inputs that reach a kernel
 (oversized topk, factors and sw_index, positions past the cache or negative, spans past the keys)
 run cleanly.
 
-    python scripts/device_hardening.py --part nan          # exits 1 when a case fails
-    compute-sanitizer --tool memcheck --error-exitcode 9 python scripts/device_hardening.py --part bad-inputs
+    python scripts/gpu_nan_and_bad_inputs.py --part nan          # exits 1 when a case fails
+    compute-sanitizer --tool memcheck --error-exitcode 9 python scripts/gpu_nan_and_bad_inputs.py --part bad-inputs
 
 Without a GPU it runs the same cases under Triton's interpreter (small, slow), as a dry run.
 """
@@ -171,7 +171,7 @@ def check_layer_nan(seed: int) -> list[str]:
 
 
 def bad_inputs() -> int:
-    """Run the public ops on the inputs that used to reach kernels out of bounds; returns how many ran."""
+    """Run the public ops on bad inputs that reach the kernels (past the cache, the keys or the sizes); returns how many ran."""
     q, k, v, start, end, cp, mask, window = span_inputs(3)
     q, k, v = q.to(DTYPE), k.to(DTYPE), v.to(DTYPE)
     ran = 0

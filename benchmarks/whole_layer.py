@@ -1,4 +1,4 @@
-"""The whole attention layer (SPEC section 7) on a GPU at model M, side by side in one run.
+"""The whole attention layer (docs/semantics.md section 4) on a GPU at model M, side by side in one run.
 
 Parts (``--parts``, default all, in this order):
 - checks: max errors of O and dQ1/dQ2/dK/dV against the float64 reference (the library's PyTorch
@@ -14,7 +14,7 @@ Parts (``--parts``, default all, in this order):
   large cases.
 
 Model M: B 1, Hq 32, Hkv 2, D 128, bf16, sw_index 65 (W 2032), search power 0.55, span power 0.55,
-bf 3, ff 1, topk 3. Run on a GPU:  PYTHONPATH=. python scripts/layer_compare.py --out layer.json
+bf 3, ff 1, topk 3. Run on a GPU:  PYTHONPATH=. python benchmarks/whole_layer.py --out whole_layer.json
 """
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ import re
 import torch
 import torch.nn.functional as F
 import triton
-from prefill_compare import bench, profile, time_few  # this folder's model-M comparison helpers
+from span_forward_tiles import bench, profile, time_few  # this folder's model-M comparison helpers
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from superlinear_ops import geometry, torch_ops
@@ -34,11 +34,13 @@ from superlinear_ops.launch import KernelConfig
 from superlinear_ops.layer_api import superlinear_attention
 from superlinear_ops.ops.inputs import decode_mask
 from superlinear_ops.ops.layer.composition import attention_layer
-from superlinear_ops.ops.layer.steps import spans_of_anchors
+from superlinear_ops.ops.layer.spans import spans_of_anchors
 from superlinear_ops.ops.layer_search.reference import search_reference
-from superlinear_ops.ops.layer_search.stripe_tile_search import stripe_tile_default, stripe_tile_search
-from superlinear_ops.ops.layer_search.tiled_search import search_default, tiled_search
+from superlinear_ops.ops.layer_search.stripe_tile_search import stripe_tile_search
+from superlinear_ops.ops.layer_search.tiled_search import tiled_search
+from superlinear_ops.ops.layer_search.variants import search_default, stripe_tile_default
 from superlinear_ops.ops.span_attention.reference import span_forward_reference
+from superlinear_ops.problem import Problem
 from superlinear_ops.settings import SpanSettings
 
 HQ, HKV, D, TOPK = 32, 2, 128, 3
@@ -133,7 +135,7 @@ def reference_layer(q1, q2, k, v, cp, mask, anchors):
     def spans(qstart, qend):
         return span_forward_reference(q2, k, v, qstart, qend, cp, mask, WINDOW)
 
-    return attention_layer(q1, k, anchors, cp, mask, settings, spans, torch.float64)
+    return attention_layer(q1, k, anchors, cp, mask, settings, spans, torch.float64, torch_ops.LAYER_STEPS)
 
 
 def rows_with_other_anchor_sets(a, b):
@@ -189,7 +191,8 @@ def checks():
 def sweep_shape(lq, lkv):
     q1, _, k, _, cp, _ = inputs(lq, lkv, seed=3)
     settings = SETTINGS.for_keys(lkv)
-    base = tiled_search(q1, k, cp, None, settings, search_default(HQ // HKV, D)).anchors.sort(-1).values
+    problem = Problem.for_layer(q1, k, TOPK, False, SW_INDEX, PARAMS.label, (BF, FF, SPAN_POWER))
+    base = tiled_search(q1, k, cp, None, settings, search_default(problem)).anchors.sort(-1).values
     rows = []
     for name, (launch, configs) in SWEEP.items():
         for config in configs:
@@ -202,8 +205,8 @@ def sweep_shape(lq, lkv):
             rows.append(row)
     rows.sort(key=lambda r: r.get("ms", float("inf")))
     print(lq, lkv, rows[:3], flush=True)
-    return {"defaults": {"tiled_search": dict(search_default(HQ // HKV, D)),
-                         "stripe_tiles": dict(stripe_tile_default(HQ // HKV, D))}, "rows": rows}
+    return {"defaults": {"tiled_search": dict(search_default(problem)),
+                         "stripe_tiles": dict(stripe_tile_default(problem))}, "rows": rows}
 
 
 def sweep():
@@ -339,11 +342,13 @@ def targets(only: str = ""):
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--out", default="layer-compare.json", help="JSON results file")
+    parser.add_argument("--out", default="whole_layer.json", help="JSON results file")
     parser.add_argument("--parts", default="checks,sweep,targets", help="comma-separated: checks, sweep, targets")
     parser.add_argument("--cases", default="", help="targets: only the cases matching this regular expression, "
-                        "e.g. '^prefill' (training has its own script, training_layer_compare.py)")
+                        "e.g. '^prefill' (training has its own script, whole_layer_training.py)")
     args = parser.parse_args()
+    if not torch.cuda.is_available():
+        raise SystemExit("whole_layer.py needs a CUDA GPU; none is available")
     results = {"device": torch.cuda.get_device_name(), "torch": torch.__version__, "triton": triton.__version__}
     parts = {"checks": checks, "sweep": sweep, "targets": lambda: targets(args.cases)}
     for part in args.parts.split(","):

@@ -1,7 +1,7 @@
 """Where an eager decode call spends its host time: the public API and the grouped launcher
 called directly, timed per call on the CPU (no GPU wait), with a cProfile of the API path.
 
-Run on a GPU:  PYTHONPATH=. python scripts/eager_overhead.py --context 1048576
+Run on a GPU:  PYTHONPATH=. python benchmarks/decode_host_overhead.py --context 1048576
 """
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ import pstats
 import time
 
 import torch
-from decode_compare import api_call, decode_cases
+from decode_variants import api_call, decode_cases
 
 from superlinear_ops.registry import REGISTRY
 from superlinear_ops.tuner.runner import ProblemBench, run
@@ -35,6 +35,8 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--context", type=int, default=1048576)
     args = parser.parse_args()
+    if not torch.cuda.is_available():
+        raise SystemExit("decode_host_overhead.py needs a CUDA GPU; none is available")
     device = torch.device("cuda")
     case = next(c for c in decode_cases(device)
                 if c.problem.keys == args.context and c.cache_fill is None and c.problem.batch == 1)

@@ -10,9 +10,9 @@ and whether the first round's outputs (O, and training's gradients under one fix
 gradient) equal the other side's, NaN where NaN. With ``--kernels REGEX``, also the device time per
 call of each kernel whose name matches (PyTorch profiler, 5 calls), per side.
 
-    PYTHONPATH=.:scripts python3 scripts/commit_ab.py --base HEAD~1 --rounds 2
-    PYTHONPATH=.:scripts python3 scripts/commit_ab.py --cases "training 16384" --kernels 'window_d|span_tile_backward'
-    PYTHONPATH=.:scripts python3 scripts/commit_ab.py --base-dir /tmp/base --masks none ones left_padding
+    PYTHONPATH=. python3 benchmarks/commit_vs_commit.py --base HEAD~1 --rounds 2
+    PYTHONPATH=. python3 benchmarks/commit_vs_commit.py --cases "training 16384" --kernels 'window_d|span_tile_backward'
+    PYTHONPATH=. python3 benchmarks/commit_vs_commit.py --base-dir /tmp/base --masks none ones left_padding
 
 The earlier package comes from ``git archive BASE superlinear_ops cache`` (the repository's git
 history is needed where it runs: ``--base-dir DIR`` takes an extracted tree instead).
@@ -51,8 +51,8 @@ def measure(cases: list[str], masks: list[str], out_dir: pathlib.Path, label: st
     """This process's side: time each case under each mask (and the kernels matching ``kernels``)
     and save its outputs and timings under ``out_dir``."""
     import torch
-    from layer_compare import public_call, warm_gpu  # this folder's model-M helpers
-    from prefill_compare import bench, profile
+    from span_forward_tiles import bench, profile
+    from whole_layer import public_call, warm_gpu  # this folder's model-M helpers
 
     import superlinear_ops
     import superlinear_ops.cache.validity as validity
@@ -133,12 +133,16 @@ def main() -> int:
     parser.add_argument("--side", help=argparse.SUPPRESS)  # internal: run one side in this process
     parser.add_argument("--out-dir", help=argparse.SUPPRESS)
     args = parser.parse_args()
+    import torch
+
+    if not torch.cuda.is_available():
+        raise SystemExit("commit_vs_commit.py needs a CUDA GPU; none is available")
     if args.rounds < 1:
         parser.error("--rounds must be at least 1")
     if args.side:
         measure(args.cases, args.masks, pathlib.Path(args.out_dir), args.side, args.kernels)
         return 0
-    with tempfile.TemporaryDirectory(prefix="commit_ab_") as tmp:
+    with tempfile.TemporaryDirectory(prefix="commit_vs_commit_") as tmp:
         out_dir = pathlib.Path(tmp)
         base_dir = pathlib.Path(args.base_dir) if args.base_dir else extract(args.base, out_dir / "base")
         if not (base_dir / "superlinear_ops").is_dir():

@@ -9,7 +9,7 @@ that the tune completed, both faults are failed trials of category 'illegal acce
 study and in the store, the correct candidates completed after them, the winner is correct; then
 that a second tune (a fresh study, the same store) records the faults failed without running them.
 
-    python scripts/device_fault_tune.py [--dir DIR] [--timeout SECONDS]
+    python scripts/gpu_fault_tune.py [--dir DIR] [--timeout SECONDS]
 
 Prints the trials and 'tune completed with the fault recorded'; exit status 0 when all holds.
 """
@@ -32,13 +32,15 @@ from optuna.trial import TrialState
 from superlinear_ops.buckets import key_of
 from superlinear_ops.cache.store import Store
 from superlinear_ops.launch import KernelConfig
+from superlinear_ops.ops.rules import no_check, triton_reasons
+from superlinear_ops.ops.span_attention.variants import triton_forward
+from superlinear_ops.ops.staged_decode.variants import staged_decode_with
 from superlinear_ops.problem import STAGED_DECODE, device_identity
 from superlinear_ops.registry import REGISTRY, Param, Variant
 from superlinear_ops.tuner.faults import CRASH
 from superlinear_ops.tuner.search import SearchSettings, open_study, params_of
 from superlinear_ops.tuner.tune import open_storage, tune
 from superlinear_ops.tuner.workload import load
-from superlinear_ops.variants import no_check, staged_decode_with, triton_forward, triton_reasons
 
 NAME = "planted_oob"
 CORRECT, OOB_ALWAYS, OOB_LATER = 1, 2, 3
@@ -123,7 +125,7 @@ def main() -> int:
     if not torch.cuda.is_available() or os.environ.get("TRITON_INTERPRET") == "1":
         print("needs a CUDA GPU and TRITON_INTERPRET unset", file=sys.stderr)
         return 2
-    folder = pathlib.Path(args.dir or tempfile.mkdtemp(prefix="device-fault-"))
+    folder = pathlib.Path(args.dir or tempfile.mkdtemp(prefix="gpu-fault-tune-"))
     folder.mkdir(parents=True, exist_ok=True)
     (folder / "workload.yaml").write_text(yaml.safe_dump(WORKLOAD, sort_keys=False))
     log = folder / "faults.log"

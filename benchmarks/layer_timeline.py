@@ -5,7 +5,7 @@ the GPU's own schedule: each kernel's start and end in us from the call's first 
 duration and its stream (the span-tile plan runs on a side stream). Calls are split at the
 search kernel, so a call's tail lists the next call's small kernels before its search.
 
-    PYTHONPATH=.:scripts python3 scripts/layer_timeline.py --cases 8192:16384 8192:139264
+    PYTHONPATH=. python3 benchmarks/layer_timeline.py --cases 8192:16384 8192:139264
 """
 
 from __future__ import annotations
@@ -15,8 +15,8 @@ import json
 import tempfile
 
 import torch
-from layer_compare import public_call  # this folder's model-M helpers
-from prefill_compare import bench
+from span_forward_tiles import bench
+from whole_layer import public_call  # this folder's model-M helpers
 
 TRACED = ("kernel", "gpu_memset", "gpu_memcpy")
 
@@ -50,6 +50,8 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--cases", nargs="+", default=["8192:16384", "8192:139264"], help="QUERIES:KEYS chunks")
     args = parser.parse_args()
+    if not torch.cuda.is_available():
+        raise SystemExit("layer_timeline.py needs a CUDA GPU; none is available")
     for case in args.cases:
         lq, lkv = (int(n) for n in case.split(":"))
         timeline(lq, lkv)

@@ -1,13 +1,16 @@
 #!/usr/bin/env bash
-# On an H200 (run from the repository root; optuna/sqlalchemy/platformdirs wheels in .whl/ when the image lacks them):
-#   bash scripts/h200_tune.sh OUT_DIR [tune [TRIALS SECONDS]|check|sweep REGEX SECONDS]
+# Tune, check or sweep model M on this machine's GPU (run from the repository root; optuna/sqlalchemy/platformdirs
+# wheels in .whl/ when the image lacks them):
+#   bash scripts/gpu_tune.sh OUT_DIR [tune [TRIALS SECONDS]|check|sweep REGEX SECONDS]
 # tune:  tune model M's workload (one worker per visible GPU, journal-file studies), export
-#        cache/nvidia-h200.yaml, explain every problem with a clean user cache
+#        cache/nvidia-<gpu>.yaml, explain every problem with a clean user cache
 # check: verify the shipped file, bench the workload (JSON + PNG), then the side-by-side comparisons:
-#        prefill/training span attention (new and old kernels, dense SDPA, bounds, errors, per-kernel times)
+#        prefill/training span attention (tensor-core and per-span kernels, dense SDPA, bounds, errors, per-kernel times)
 #        and the decode variants
 # sweep: exhaustive sweep of the sweep-model-m problems matching REGEX, at most SECONDS each
+# <gpu> is the second word of the device's name in lower case (h100, h200); GPU=NAME overrides it.
 set -euo pipefail
+case "${1:-}" in -h|--help|"") sed -n '2,/^set /p' "$0" | grep "^#" | cut -c3-; exit 0;; esac  # this header is the help
 out="$1"; step="${2:-tune}"
 mkdir -p "$out"
 if [ -d .whl ]; then
@@ -22,21 +25,22 @@ slops() { python3 -m superlinear_ops.cli "$@"; }
 quiet() { grep -v "^\[W\|UserWarning\|warnings.warn\|_warn_once" || true; }
 workload=tuning/superlinear-exp-v0.1.yaml
 gpus=$(python3 -c "import torch; print(max(torch.cuda.device_count(), 1))")
+gpu=${GPU:-$(python3 -c "import torch; print(torch.cuda.get_device_name().split()[1].lower())")}
 case "$step" in
 tune)
     slops tune "$workload" --trials "${3:-20}" --timeout "${4:-120}" --workers "$gpus" --storage "$out/studies.log" \
-        --cache "$out/h200.sqlite" --no-progress 2>&1 | quiet
-    slops cache export --cache "$out/h200.sqlite" -o cache/nvidia-h200.yaml
-    cp cache/nvidia-h200.yaml "$out/"
+        --cache "$out/$gpu.sqlite" --no-progress 2>&1 | quiet
+    slops cache export --cache "$out/$gpu.sqlite" -o cache/nvidia-$gpu.yaml
+    cp cache/nvidia-$gpu.yaml "$out/"
     slops explain --workload "$workload" > "$out/explain.txt"
     echo "problems served by the shipped file: $(grep -c 'source: shipped' "$out/explain.txt")"
     ;;
 check)
     slops verify "$workload" --require-all 2>&1 | quiet
     slops bench "$workload" -o "$out/bench.json" --plot "$out/bench.png" 2>&1 | quiet
-    python3 scripts/prefill_compare.py --out "$out/prefill-compare.json" 2>&1 | quiet
-    python3 scripts/training_compare.py --out "$out/training-compare.json" 2>&1 | quiet
-    python3 scripts/decode_compare.py --out "$out/decode-compare.json" 2>&1 | quiet | cut -c1-300
+    python3 benchmarks/span_forward_tiles.py --out "$out/span_forward_tiles.json" 2>&1 | quiet
+    python3 benchmarks/span_training.py --out "$out/span_training.json" 2>&1 | quiet
+    python3 benchmarks/decode_variants.py --out "$out/decode_variants.json" 2>&1 | quiet | cut -c1-300
     ;;
 sweep)
     slops tune tuning/sweep-model-m.yaml --sampler exhaustive --trials 0 --timeout "$4" --problems "$3" \
