@@ -23,7 +23,7 @@ SMALL = {
             "title": "Decode step",
             "date": "2026-01-02",
             "commit": "abc1234",
-            "command": "python3 scripts/decode_mask_compare.py",
+            "command": "python3 benchmarks/decode_masks.py",
             "units": "us",
             "dense_backend": "cuDNN",
             "bound": "bytes / 3.0 TB/s",
@@ -53,7 +53,7 @@ def test_report_tables_name_backend_bound_and_provenance():
     lines = text.splitlines()
     assert lines[0] == "# superlinear-ops on a test GPU"
     assert "GPU: NVIDIA Test GPU (sm_90). Latest measurement: 2026-01-05." in text
-    assert "Measured 2026-01-02 at commit `abc1234` with `python3 scripts/decode_mask_compare.py`. Times in us." in text
+    assert "Measured 2026-01-02 at commit `abc1234` with `python3 benchmarks/decode_masks.py`. Times in us." in text
     assert "Dense: `scaled_dot_product_attention`, backend cuDNN. Lower bound: bytes / 3.0 TB/s." in text
     assert "| case | ours (us) | lower bound | dense (cuDNN) | dense / ours | variant |" in lines
     assert "| 4K, no mask | 15.49 | 1.40 | 13.22 | 0.85x | stripe_spans |" in lines

@@ -224,10 +224,10 @@ def test_failure_categories_and_exit_descriptions() -> None:
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU (a real out-of-bounds Triton store)")
 def test_a_real_illegal_memory_access_fails_only_its_trial(tmp_path) -> None:
-    """scripts/device_fault_tune.py: a Triton kernel storing far out of bounds, tuned beside correct
+    """scripts/gpu_fault_tune.py: a Triton kernel storing far out of bounds, tuned beside correct
     candidates, compiled for the GPU (not under the interpreter)."""
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    run = subprocess.run([sys.executable, str(ROOT / "scripts" / "device_fault_tune.py"), "--dir", str(tmp_path)],
+    run = subprocess.run([sys.executable, str(ROOT / "scripts" / "gpu_fault_tune.py"), "--dir", str(tmp_path)],
                          env=env, capture_output=True, text=True, timeout=900, check=False)
     assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
     assert "tune completed with the fault recorded" in run.stdout

@@ -1,6 +1,4 @@
-"""The whole attention layer for prefill and training (semantics section 4): stripe search and top-k per
-query, spans from the anchors, span + window attention, and the gate.
-
-Modules: ``search`` (the PyTorch search: reference and CPU path), ``search_kernel`` (the Triton
-search), ``attention`` (spans, span attention and the gate around any search).
-"""
+"""The whole attention layer for prefill and training (docs/semantics.md section 4), composed from the
+ops: the search (``layer_search``), the spans from its anchors (``spans``; on a GPU one launch of
+``spans_kernel``), span + window attention (``span_attention``) and the gate (``gate``), each step
+run as the caller's ``composition.LayerSteps`` say."""

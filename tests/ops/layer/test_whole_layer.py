@@ -304,7 +304,7 @@ def test_variant_matches_oracle(variant, case: LayerCase, gen: torch.Generator, 
 
     with poisoned_allocations():
         out = attention_layer(q1, k, found.anchors, x.cache_position, x.mask, settings, span_attention, q2.dtype,
-                              search_scores=found.scores)
+                              torch_ops.LAYER_STEPS, search_scores=found.scores)
         grads = torch.autograd.grad(out, leaves, x.grad_out, allow_unused=True)
     assert all(g is not None for g in grads), "every input must reach the output through autograd (Q1 via the gate scores)"
     check_result(case, out, grads, expected, expected_grads, variant.name)
