@@ -82,6 +82,15 @@ def zero_inputs(problem: Problem, device: torch.device) -> Inputs:
     )
 
 
+def call_searching(function: Callable, problem: Problem, device: torch.device) -> object:
+    """``function``, a public searching op (one decode step, or the whole layer), once on zero inputs of
+    ``problem``'s shape: what their warm-up runs."""
+    x = zero_inputs(problem, device)
+    bf, ff, sp = problem.factors
+    return function(x.q, x.q, x.k, x.v, x.cache_position, x.mask, problem.sw_index, problem.spans,
+                    backward_factor=bf, forward_factor=ff, span_power=sp, **problem.params.arguments)
+
+
 class OpSpec:
     """One op (see the module docstring); the base class is the span forward's behaviour."""
 

@@ -18,7 +18,7 @@ from ...registry import REGISTRY
 from ...settings import SpanSettings
 from ..inputs import Inputs
 from ..layer.composition import attention_layer, explicit_steps
-from ..spec import OpSpec, Parts, PublicOps, zero_inputs
+from ..spec import OpSpec, Parts, PublicOps, call_searching
 
 SPAN, SCORES, GATE_PART = "span", "gate_scores", "gate"  # the parts: span attention, gate scores, gate
 
@@ -61,9 +61,4 @@ class AttentionLayer(OpSpec):
         return bytes_ + p.batch * p.q_heads * p.queries * p.head_dim * elem, flops
 
     def warmup(self, problem: Problem, device: torch.device, public: PublicOps) -> None:
-        x = zero_inputs(problem, device)
-        bf, ff, sp = problem.factors
-        public.superlinear_attention(
-            x.q, x.q, x.k, x.v, x.cache_position, x.mask, problem.sw_index, problem.spans,
-            backward_factor=bf, forward_factor=ff, span_power=sp, **problem.params.arguments,
-        )
+        call_searching(public.superlinear_attention, problem, device)

@@ -12,7 +12,7 @@ from ... import geometry
 from ...problem import STAGED_DECODE, Problem
 from ...settings import SpanSettings
 from ..inputs import Inputs, decode_mask, random_inputs
-from ..spec import DenseCalls, OpSpec, PublicOps, grouped_heads, span_length, zero_inputs
+from ..spec import DenseCalls, OpSpec, PublicOps, call_searching, grouped_heads, span_length
 
 
 def decode_step(case, x: Inputs, fill: int | None, mask_kind: str | None, gen: torch.Generator) -> Inputs:
@@ -79,9 +79,4 @@ class StagedDecode(OpSpec):
         return DenseCalls("decode over the filled prefix", tuple(decode_call(f) for f in fills), graph=True)
 
     def warmup(self, problem: Problem, device: torch.device, public: PublicOps) -> None:
-        x = zero_inputs(problem, device)
-        bf, ff, sp = problem.factors
-        public.decode_span_attention_staged_gqa(
-            x.q, x.q, x.k, x.v, x.cache_position, x.mask, problem.sw_index, problem.spans,
-            backward_factor=bf, forward_factor=ff, span_power=sp, **problem.params.arguments,
-        )
+        call_searching(public.decode_span_attention_staged_gqa, problem, device)

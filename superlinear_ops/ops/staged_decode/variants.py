@@ -15,22 +15,7 @@ from ...launch import KernelConfig
 from ...problem import STAGED_DECODE, Problem
 from ...registry import Param, Variant
 from ...settings import SpanSettings
-from ..rules import (
-    FORWARD_SPACE,
-    KEY_BLOCKS,
-    MAX_VALUES_PER_THREAD,
-    WARPS,
-    element_bytes,
-    forward_default,
-    misfit,
-    no_check,
-    reference_default,
-    reference_reasons,
-    register_reason,
-    resource_check,
-    shared_reason,
-    triton_reasons,
-)
+from .. import rules
 from ..span_attention.variants import reference_forward, triton_forward
 from ..spec import span_length
 from .grouped import group_spans_decode, grouped_decode, stripe_spans_decode
@@ -63,7 +48,7 @@ def position_clamped(launch):
 # --- the tensor-core decodes' shared rules ---------------------------------------------------------
 
 # The chunked decodes stream one query's keys: a deeper pipeline keeps more K/V loads in flight per program.
-DECODE_TILES = (KEY_BLOCKS, WARPS, Param("num_stages", (1, 2, 3, 4, 6, 8)))
+DECODE_TILES = (rules.KEY_BLOCKS, rules.WARPS, Param("num_stages", (1, 2, 3, 4, 6, 8)))
 DECODE_SHARED_SLACK = 1024  # bytes beside a decode program's tiles (barriers, reductions: 24 to 312 in sm_90 compiles)
 
 
@@ -75,8 +60,8 @@ def decode_shared_reason(problem: Problem, block_k: int, buffers: int, rows: int
     compiled past the limit. Far from it the estimate can be off either way: one-stage loops compile
     smaller, group_spans' smallest tiles compile to a 48 KB floor."""
     block_d = next_power_of_two(problem.head_dim)
-    shared = (buffers * 2 * block_k * block_d + rows * (block_d + block_k)) * element_bytes(problem) + DECODE_SHARED_SLACK
-    return shared_reason(shared, what, problem) if problem.device.is_gpu else None
+    shared = (buffers * 2 * block_k * block_d + rows * (block_d + block_k)) * rules.element_bytes(problem) + DECODE_SHARED_SLACK
+    return rules.shared_reason(shared, what, problem) if problem.device.is_gpu else None
 
 
 def decode_default(problem: Problem, span_keys: int, spans: int, check, longer_chunks: bool = False) -> KernelConfig:
@@ -108,7 +93,7 @@ def grouped_check(problem: Problem, config: KernelConfig, block_k: int | None = 
     buffers, Triton's pipelining) and its head rows past the shared memory (``block_k``: the key
     block, when a part of the kernel takes wider ones than the config's)."""
     rows = max(next_power_of_two(problem.rep), MIN_DOT)
-    return register_reason(2, problem, config) or decode_shared_reason(
+    return rules.register_reason(2, problem, config) or decode_shared_reason(
         problem, block_k or config.block_k, max(config.num_stages - 1, 1), rows, f"{config.num_stages} stages of K/V tiles")
 
 
@@ -120,10 +105,10 @@ def grouped_default(problem: Problem) -> KernelConfig:
 
 def grouped_reasons(problem: Problem) -> list[str]:
     """Why the grouped decode kernels cannot serve ``problem`` (or not even the smallest tiles fit its GPU)."""
-    reasons = triton_reasons(problem)
+    reasons = rules.triton_reasons(problem)
     if problem.rep > 64:
         reasons.append(f"rep = {problem.rep} > 64 query heads per KV head (one program holds a whole group)")
-    return reasons or misfit(problem, grouped_default, grouped_check)
+    return reasons or rules.misfit(problem, grouped_default, grouped_check)
 
 
 GROUPED = Variant(
@@ -177,7 +162,7 @@ def stripe_spans_reasons(problem: Problem) -> list[str]:
     if stripes * longest > STRIPE_SPANS_KEYS:
         reasons.append(f"every stripe's span is {stripes} x {longest} keys per KV group > {STRIPE_SPANS_KEYS}: "
                        "attending them all beside the search costs more than waiting for it")
-    return reasons or misfit(problem, stripe_spans_default, stripe_spans_check)
+    return reasons or rules.misfit(problem, stripe_spans_default, stripe_spans_check)
 
 
 STRIPE_SPANS = Variant(
@@ -202,10 +187,10 @@ def group_spans_check(problem: Problem, config: KernelConfig) -> str | None:
         return None
     rows = span_rows(problem.rep, problem.spans)
     per_thread = rows * (next_power_of_two(problem.head_dim) + config.block_k) / (32 * config.num_warps)
-    if per_thread > MAX_VALUES_PER_THREAD:
+    if per_thread > rules.MAX_VALUES_PER_THREAD:
         return (f"registers: about {per_thread:.0f} fp32 values per thread for {rows} span rows' accumulator and "
-                f"scores ({config.block_k}-key blocks) on {config.num_warps} warps (limit {MAX_VALUES_PER_THREAD})")
-    return register_reason(2, problem, config) or decode_shared_reason(
+                f"scores ({config.block_k}-key blocks) on {config.num_warps} warps (limit {rules.MAX_VALUES_PER_THREAD})")
+    return rules.register_reason(2, problem, config) or decode_shared_reason(
         problem, config.block_k, config.num_stages, rows, f"{config.num_stages} stages of K/V tiles and {rows} span rows")
 
 
@@ -222,9 +207,8 @@ def group_spans_reasons(problem: Problem) -> list[str]:
     (head, slot) rows per KV group than one program holds."""
     reasons = grouped_reasons(problem)
     if span_rows(problem.rep, problem.spans) > MAX_SPAN_ROWS:
-        reasons.append(f"rep {problem.rep} x topk {problem.spans} span rows per KV group > {MAX_SPAN_ROWS} "
-                       "(one program holds every (head, slot) row of a group)")
-    return reasons or misfit(problem, group_spans_default, group_spans_check)
+        reasons.append(f"rep {problem.rep} x topk {problem.spans} span rows per KV group > {MAX_SPAN_ROWS} (one program holds a group's rows)")
+    return reasons or rules.misfit(problem, group_spans_default, group_spans_check)
 
 
 GROUP_SPANS = Variant(
@@ -238,18 +222,18 @@ GROUP_SPANS = Variant(
 # --- staged_decode/split_window and staged (baselines), staged_reference --------------------------
 
 SPLIT_WINDOW = Variant(
-    op=STAGED_DECODE, name="split_window", launch=position_clamped(split_window_decode), space=FORWARD_SPACE,
-    baseline=True, reasons=triton_reasons, compile_check=partial(resource_check, 2), default=forward_default, priority=2,
+    op=STAGED_DECODE, name="split_window", launch=position_clamped(split_window_decode), space=rules.FORWARD_SPACE,
+    baseline=True, reasons=rules.triton_reasons, compile_check=partial(rules.resource_check, 2), default=rules.forward_default, priority=2,
     description="fused stripe search, then span/window attention in 256-key chunks merged once per head with the gate",
 )
 STAGED = Variant(
-    op=STAGED_DECODE, name="staged", launch=position_clamped(staged_decode_with(triton_forward)), space=FORWARD_SPACE,
-    baseline=True, reasons=triton_reasons, compile_check=partial(resource_check, 2), default=forward_default, priority=3,
+    op=STAGED_DECODE, name="staged", launch=position_clamped(staged_decode_with(triton_forward)), space=rules.FORWARD_SPACE,
+    baseline=True, reasons=rules.triton_reasons, compile_check=partial(rules.resource_check, 2), default=rules.forward_default, priority=3,
     description="stripe search and top-k in PyTorch, span attention by the per-(query, span) Triton forward",
 )
 STAGED_REFERENCE = Variant(
     op=STAGED_DECODE, name="staged_reference", launch=position_clamped(staged_decode_with(reference_forward)), space=(),
-    reasons=reference_reasons, compile_check=no_check, default=reference_default, priority=100,
+    reasons=rules.reference_reasons, compile_check=rules.no_check, default=rules.reference_default, priority=100,
     description="stripe search and top-k in PyTorch, span attention by the PyTorch reference",
 )
 
