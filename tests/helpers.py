@@ -19,6 +19,7 @@ import torch
 
 from superlinear_ops.ops.layer_search import stripe_tile_search
 from superlinear_ops.ops.layer_search import tiled_search as search_kernel
+from superlinear_ops.problem import DeviceIdentity, Problem
 
 SEED_ENV = "SUPERLINEAR_OPS_TEST_SEED"  # "123" or "1,2,3": replay these seeds; "random": fresh seeds
 BLOCK_K = 16  # key block the tests launch with (the smallest every kernel takes)
@@ -100,7 +101,6 @@ def launch_variant(variant, inputs, backward_args=None, block_k: int | None = BL
     """
     from superlinear_ops import geometry
     from superlinear_ops.launch import LaunchGeometry
-    from superlinear_ops.problem import Problem
     from superlinear_ops.settings import SpanSettings
 
     if isinstance(inputs, DecodeInputs):
@@ -282,3 +282,15 @@ class SearchSpies(dict):
     @property
     def launches(self) -> int:
         return sum(spy.launches for spy in self.values())
+
+
+H200 = DeviceIdentity("NVIDIA H200", "sm_90", 132)
+
+
+def problem(**changes) -> Problem:
+    """Model M's 8192-query span forward over 139,000 keys on an H200, with ``changes``."""
+    base = Problem(
+        op="span_forward", dtype="bfloat16", head_dim=128, q_heads=32, kv_heads=2, spans=3, queries=8192,
+        keys=139000, batch=1, masked=False, sw_index=65, power="float0.55", device=H200,
+    )
+    return base._replace(**changes)

@@ -3,19 +3,10 @@
 from __future__ import annotations
 
 import pytest
+from helpers import problem
 
 from superlinear_ops.buckets import key_of, neighbours, next_power_of_two, query_bucket
-from superlinear_ops.problem import DeviceIdentity, Problem
-
-H200 = DeviceIdentity("NVIDIA H200", "sm_90", 132)
-
-
-def problem(**changes) -> Problem:
-    base = Problem(
-        op="span_forward", dtype="bfloat16", head_dim=128, q_heads=32, kv_heads=2, spans=3, queries=8192,
-        keys=139000, batch=1, masked=False, sw_index=65, power="float0.55", device=H200,
-    )
-    return base._replace(**changes)
+from superlinear_ops.problem import DeviceIdentity
 
 
 @pytest.mark.parametrize("n,expected", [(0, 1), (1, 1), (2, 2), (3, 4), (8192, 8192), (8193, 16384), (139000, 262144)])

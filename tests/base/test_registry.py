@@ -5,7 +5,7 @@ from __future__ import annotations
 from itertools import product
 
 import pytest
-from test_buckets import H200, problem
+from helpers import H200, problem
 
 from superlinear_ops.launch import KernelConfig
 from superlinear_ops.problem import OPS, DeviceIdentity

@@ -6,7 +6,7 @@ import threading
 
 import pytest
 import torch
-from test_buckets import H200, problem
+from helpers import H200, problem
 
 import superlinear_ops
 from superlinear_ops import dispatch

@@ -18,7 +18,7 @@ import oracle
 import pytest
 import torch
 from helpers import TRITON_SEARCHES, SearchSpies
-from test_layer import (
+from layer_cases import (
     CASES,
     FLOAT55,
     INT2,
