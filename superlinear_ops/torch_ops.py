@@ -403,7 +403,7 @@ for _op in (span_backward, layer_gate_backward, layer_gate_scores_backward):
     _register_autograd(_op, _no_double_backward, _no_context)
 
 
-def _spans_step(anchors: Tensor, cache_position: Tensor, attention_mask: Tensor | None, key_length: int,
+def _spans_step(anchors: Tensor, cache_position: Tensor, key_length: int, attention_mask: Tensor | None,
                 settings: SpanSettings) -> tuple[Tensor, Tensor]:
     power = settings.params.arguments
     return run(layer_spans, anchors, cache_position, attention_mask, key_length, settings.sw_index, settings.backward_factor,

@@ -30,8 +30,8 @@ Chosen = tuple[Variant, KernelConfig]  # an explicit choice: a gate op's variant
 
 @dataclass(frozen=True)
 class LayerSteps:
-    """How the layer runs its steps after the search: ``spans(anchors, cache_position, attention_mask,
-    key_length, settings) -> (qstart, qend)``, ``gate_scores(q1, k, anchors) -> scores`` and
+    """How the layer runs its steps after the search: ``spans(anchors, cache_position, key_length,
+    attention_mask, settings) -> (qstart, qend)`` (int32, as ``spans.anchor_spans``), ``gate_scores(q1, k, anchors) -> scores`` and
     ``gate(scores, span_out, dtype) -> out``."""
 
     spans: Callable[..., tuple[torch.Tensor, torch.Tensor]]
@@ -69,7 +69,7 @@ def attention_layer(
     if dtype == torch.float64:  # the float64 layer (every reference) stays PyTorch throughout, spans included
         qstart, qend = spans_of_anchors(anchors, cache_position, k.shape[2], attention_mask, settings)
     else:
-        qstart, qend = steps.spans(anchors, cache_position, attention_mask, k.shape[2], settings)
+        qstart, qend = steps.spans(anchors, cache_position, k.shape[2], attention_mask, settings)
     span_out = span_attention(qstart, qend)  # [B, Hq, Lq, topk, D]
     if search_scores is not None and not requires_grad(q1, k):
         scores = search_scores  # the search already took Q1 . K[anchor]

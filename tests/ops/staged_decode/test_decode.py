@@ -134,7 +134,7 @@ def test_grouped_first_allowed_key_over_several_mask_slices(variant, mask: str, 
     make several, the first of them wholly masked (past its first ``head`` = 16 keys, which it reads
     beside its tables; with the default head the first allowed keys lie in it). Row 0's forward
     length is one key longer from its first allowed key than from the key after it."""
-    from superlinear_ops.ops.staged_decode import grouped_kernels as decode_grouped
+    from superlinear_ops.ops.staged_decode import group_stage as decode_grouped
 
     monkeypatch.setattr(decode_grouped, "MASK_SLICE", 16)
     if head is not None:

@@ -146,10 +146,10 @@ def test_grouped_first_allowed_key_is_read_only_before_the_window(name: str, gen
     """Left padding across many 16-entry mask slices: row 1's first allowed key lies in its eighth
     slice, past the 16-entry mask head every program reads first (so the slice programs scan), and
     row 0 allows nothing before the window (no stripe, window only)."""
-    from superlinear_ops.ops.staged_decode import grouped_kernels
+    from superlinear_ops.ops.staged_decode import group_stage
 
-    monkeypatch.setattr(grouped_kernels, "MASK_SLICE", 16)
-    monkeypatch.setattr(grouped_kernels, "MASK_HEAD", 16)
+    monkeypatch.setattr(group_stage, "MASK_SLICE", 16)
+    monkeypatch.setattr(group_stage, "MASK_HEAD", 16)
     x = masked(make_decode_inputs(CASE, gen), ("ones", "left_padding"), gen)
     window_start = CASE.pos + 1 - CASE.params.window
     x.mask[0, :window_start] = False
