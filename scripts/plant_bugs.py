@@ -301,6 +301,8 @@ PLANTS = {
     "decode: a first allowed key among the mask's head is dropped": (G, "first = tl.minimum(head_first, tl.min(tl.where(allowed, keys, L_KV), axis=0))", "first = tl.min(tl.where(allowed, keys, L_KV), axis=0)", "tests/test_decode_mask.py -k key_0"),
     "decode: a slice program reads its slice only when the head allows a key": (G, "read = (keys < limit) & (head_first == L_KV)", "read = (keys < limit) & (head_first < L_KV)", "tests/test_decode_mask.py -k first_allowed"),
     "arch table: positions compiled as int64 pointers": ("superlinear_ops/arch_compile.py", '"suffix_ptr", "spos_ptr", "cache_pos_ptr"})', '"suffix_ptr"})', "tests/test_arch_check.py -k pointer_types"),
+    "tuner: a sticky error leaves its worker in place": ("superlinear_ops/tuner/worker.py", "str(err))), err.sticky or not context_usable(bench.device)", "str(err))), not context_usable(bench.device)", "tests/test_tuner_worker_faults.py -k sticky"),
+    "tuner: a worker found dead between candidates is reused": ("superlinear_ops/tuner/worker.py", "            self._kill()  # it died between candidates", "            pass  # it died between candidates", "tests/test_tuner_worker_faults.py -k killed"),
     "bench: an H100 without ceilings": ("superlinear_ops/tuner/bench.py", ', "NVIDIA H100 80GB HBM3": (3.0e12, 798e12)}', "}", "tests/test_tuner.py -k ceilings"),
 }
 
