@@ -46,6 +46,7 @@ STS = "superlinear_ops/layer/stripe_tile_search.py"
 TUNE = "superlinear_ops/tuner/tune.py"
 SEARCH = "superlinear_ops/tuner/search.py"
 SHAPES = "tests/test_layer_search_shapes.py"
+EDGES = "tests/test_layer_search_tile_edges.py"
 LATT = "superlinear_ops/layer/attention.py"
 LGK = "superlinear_ops/layer/gate_kernel.py"
 LGO = "superlinear_ops/layer/gate_ops.py"
@@ -163,6 +164,12 @@ PLANTS = {
     "stripe-tile search skips a tile's first stripe": (STS, "    j = j0 + offs_s\n", "    j = j0 + offs_s + (offs_s == 0).to(tl.int32)\n", f"{SHAPES} -k merges"),
     "stripe-tile search prefetches half a tile ahead": (STS, "j0 + BLOCK_S, N_STRIPES, t_c, n_c", "j0 + BLOCK_S // 2, N_STRIPES, t_c, n_c", f"{SHAPES} -k merges"),
     "stripe-tile search: an empty slot gives anchor 0": (STS, "anchors = tl.where(found, t_r[:, None] - offset, -1)", "anchors = tl.where(found, t_r[:, None] - offset, 0)", LAYER),
+    "stripe-tile search drops a last tile of one stripe": (STS, "for j0 in range(0, tl.max(n_c, axis=0), BLOCK_S):", "for j0 in range(0, tl.max(n_c, axis=0) - 1, BLOCK_S):", f"{EDGES} -k stripe_tiles"),
+    "stripe-tile search drops a last stripe that ends its tile": (STS, "    valid = j < n_c\n", "    valid = (j < n_c) & ((offs_s < tl.max(offs_s, axis=0)) | (j + 1 < n_c))\n", f"{EDGES} -k stripe_tiles"),
+    "stripe-tile search drops the last stripe past the first tile": (STS, "    valid = j < n_c\n", "    valid = (j < n_c) & ((j0 == 0) | (j + 1 < n_c))\n", f"{EDGES} -k stripe_tiles"),
+    "stripe-tile search reads the table's last stripe at the one before": (STS, "tl.minimum(j, N_STRIPES - 1)", "tl.minimum(j, N_STRIPES - 2)", f"{EDGES} -k stripe_tiles"),
+    "layer search drops a query block's last stripe": (LSK, "for j in range(0, tl.max(n_k, axis=0)):", "for j in range(0, tl.max(n_k, axis=0) - 1):", f"{EDGES} -k tiled_search"),
+    "layer search reads the table's last stripe at the one before": (LSK, "tl.minimum(j, N_STRIPES - 1)", "tl.minimum(j, N_STRIPES - 2)", f"{EDGES} -k tiled_search"),
     "tuner stores a winner the confirmation found slower": (TUNE, 'if confirmed["median_ms"] < confirmed["default_ms"] * (1.0 - margin):', "if True:", "tests/test_tuner.py -k winner_is_stored"),
     "tuner: the winner stored before needs the margin too": (TUNE, 'confirmed["params"] in (study.user_attrs.get(EARLIER), study.user_attrs.get(SIBLING))', 'confirmed["params"] == study.user_attrs.get(SIBLING)', "tests/test_tuner.py -k winner_is_stored"),
     "tuner: the winner stored before is not recorded on the study": (SEARCH, "study.set_user_attr(EARLIER, earlier)  #", "study.set_user_attr(EARLIER, None)  #", "tests/test_tuner.py -k retune"),
