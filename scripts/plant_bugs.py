@@ -47,6 +47,7 @@ TUNE = "superlinear_ops/tuner/tune.py"
 SEARCH = "superlinear_ops/tuner/search.py"
 SHAPES = "tests/test_layer_search_shapes.py"
 EDGES = "tests/test_layer_search_tile_edges.py"
+BLOCKS = "tests/test_reference_blocks.py"
 LATT = "superlinear_ops/layer/attention.py"
 LGK = "superlinear_ops/layer/gate_kernel.py"
 LGO = "superlinear_ops/layer/gate_ops.py"
@@ -195,7 +196,11 @@ PLANTS = {
     "layer span start uses t instead of t - s": (GEO, "back_len = span_length_table(backward_factor, span_power, key_length, qanchor.device)[distance]", "back_len = span_length_table(backward_factor, span_power, key_length, qanchor.device)[(distance + first_allowed[:, None]).clamp(max=key_length)]", LAYER),
     "layer span end ignores the forward factor": (LATT, "settings.forward_factor, settings.span_power,\n    )", "0.0, settings.span_power,\n    )", LAYER),
     "layer span start off by one": (GEO, "torch.maximum(qanchor.to(torch.int64) - back_len[:, None, :, None], first_allowed", "torch.maximum(qanchor.to(torch.int64) - back_len[:, None, :, None] + 1, first_allowed", LAYER),
-    "reference window start off by one": (REF, "in_window = (keys >= (pos - window + 1).clamp(min=0))", "in_window = (keys >= (pos - window + 2).clamp(min=0))", f"{VARIANTS} -k reference"),
+    "reference window start off by one": (REF, "window_lo = (pos - window + 1).clamp(min=0)", "window_lo = (pos - window + 2).clamp(min=0)", f"{VARIANTS} -k reference"),
+    "reference forward: a block reached only by a window skipped": (REF, "        return span | ((self.window_lo <= last) & (self.pos >= first) & (self.window_lo <= self.pos))\n", "        return span\n", f"{BLOCKS} -k oracle"),
+    "reference forward: key blocks merged at their own max": (REF, "torch.exp(row_max - best[rows])", "torch.exp(row_max - row_max)", f"{BLOCKS} -k oracle"),
+    "reference forward: a key block's last key skipped": (REF, "last = min(first + block, key_length) - 1", "last = min(first + block, key_length) - 2", f"{BLOCKS} -k oracle"),
+    "reference forward: only a block's first chunk of rows": (REF, "for rows in reached.split(max(1, SCORE_BLOCK // block)):", "for rows in reached.split(max(1, SCORE_BLOCK // block))[:1]:", f"{BLOCKS} -k oracle"),
     "hardening: window not clamped to the keys": (LAUNCH, "window=min(int(window), key_length),", "window=int(window),", f"{INPUTS} -k huge_window"),
     "hardening: empty slot reads key 0 for dQ1": (LATT, "d_q1 = torch.where(used, grad[..., None] * keys, 0.0).sum(dim=-2)", "d_q1 = (grad[..., None] * keys).sum(dim=-2)", f"{INPUTS} -k masked_key_zero"),
     "hardening: empty slot adds 0 * Q1 to dK": (LATT, "contributions = torch.where(used, grad[..., None] * q1.to(grad.dtype)[..., None, :], 0.0)", "contributions = grad[..., None] * q1.to(grad.dtype)[..., None, :]", f"{INPUTS} -k q1_row_nobody"),

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import torch
 
@@ -27,6 +28,40 @@ def _compute_dtype(dtype: torch.dtype) -> torch.dtype:
     return torch.float64 if dtype == torch.float64 else torch.float32
 
 
+class _Segments(NamedTuple):
+    """Per (b, h, q, span), broadcastable to [B, H, Lq, K]: the span segment [lo, hi] and the window
+    segment [window_lo, pos] of SPEC section 2 (a segment is empty where its end precedes its start)."""
+
+    lo: torch.Tensor
+    hi: torch.Tensor
+    window_lo: torch.Tensor
+    pos: torch.Tensor
+
+    def allowed(self, keys: torch.Tensor) -> torch.Tensor:
+        """Boolean [..., len(keys)]: which of ``keys`` each row's segments hold (the mask not applied)."""
+        in_span = (keys >= self.lo[..., None]) & (keys <= self.hi[..., None])
+        return in_span | ((keys >= self.window_lo[..., None]) & (keys <= self.pos[..., None]))
+
+    def touch(self, first: int, last: int) -> torch.Tensor:
+        """Boolean, per row: whether a segment holds a key of [first, last]."""
+        span = (self.lo <= last) & (self.hi >= first) & (self.lo <= self.hi)
+        return span | ((self.window_lo <= last) & (self.pos >= first) & (self.window_lo <= self.pos))
+
+
+def _segments(qstart: torch.Tensor, qend: torch.Tensor, cache_position: torch.Tensor, key_length: int,
+              window: int) -> _Segments:
+    """The segments of every (b, h, q, span), the span clamped to end before its query's window as
+    every kernel clamps it (``kernels.span_tiles.clamped_span_bounds``): [max(qstart, 0), min(qend,
+    Lkv - 1, pos - W)], the last bound only when W > 0, so overlapping (unvalidated) inputs give the
+    same result on every path."""
+    pos = cache_position.to(device=qstart.device, dtype=torch.int64).clamp(max=key_length - 1).view(1, 1, -1, 1)
+    hi = qend.to(torch.int64).clamp(max=key_length - 1)  # a negative qend leaves the span empty
+    if window > 0:
+        hi = torch.minimum(hi, pos - window)
+    window_lo = (pos - window + 1).clamp(min=0) if window > 0 else pos + 1
+    return _Segments(qstart.to(torch.int64).clamp(min=0), hi, window_lo, pos)
+
+
 def attended_keys(
     qstart: torch.Tensor,
     qend: torch.Tensor,
@@ -35,23 +70,8 @@ def attended_keys(
     key_length: int,
     window: int,
 ) -> torch.Tensor:
-    """Boolean [B, H, Lq, K, Lkv]: which keys each (b, h, q, span) attends (SPEC section 2).
-
-    The span is clamped to end before its query's window, as every kernel clamps it
-    (``kernels.span_tiles.clamped_span_bounds``): [max(qstart, 0), min(qend, Lkv - 1, pos - W)],
-    the last bound only when W > 0, so overlapping (unvalidated) inputs give the same result on
-    every path.
-    """
-    keys = torch.arange(key_length, device=qstart.device)
-    pos = cache_position.to(device=qstart.device, dtype=torch.int64).clamp(max=key_length - 1)
-    pos = pos.view(1, 1, -1, 1, 1)
-    lo = qstart.clamp(min=0)[..., None]
-    hi = qend.to(torch.int64).clamp(max=key_length - 1)[..., None]
-    if window > 0:
-        hi = torch.minimum(hi, pos - window)
-    in_span = (keys >= lo) & (keys <= hi) & (qend[..., None] >= 0)
-    in_window = (keys >= (pos - window + 1).clamp(min=0)) & (keys <= pos) & (window > 0)
-    allowed = in_span | in_window
+    """Boolean [B, H, Lq, K, Lkv]: which keys each (b, h, q, span) attends (SPEC section 2, ``_segments``)."""
+    allowed = _segments(qstart, qend, cache_position, key_length, window).allowed(torch.arange(key_length, device=qstart.device))
     if attention_mask is not None:
         allowed = allowed & (attention_mask[:, :key_length] != 0).view(-1, 1, 1, 1, key_length)
     return allowed
@@ -103,6 +123,82 @@ def _softmax(q, k, v, qstart, qend, cache_position, attention_mask, window) -> _
     return _Softmax(q, kr, vr, probs, log_total, poisoned, v_poison)
 
 
+KEY_BLOCK = 1 << 16  # keys a forward step reads at once
+SCORE_BLOCK = 1 << 24  # scores a forward step holds at once (rows x keys)
+
+
+class _Partial(NamedTuple):
+    """A forward step's softmax pieces for some rows: their max score (-inf: no key), sum of exp(score -
+    max), sum of exp(score - max) * V, and counts of attended keys, of attended poisoned (non-finite) K
+    rows, and per d of attended NaN, +inf and -inf V entries (None: every V entry of the step finite)."""
+
+    rows: torch.Tensor
+    row_max: torch.Tensor
+    total: torch.Tensor
+    acc: torch.Tensor
+    keys: torch.Tensor
+    bad_keys: torch.Tensor
+    v_counts: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None
+
+
+def _forward_step(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, allowed: torch.Tensor, rows: torch.Tensor) -> _Partial:
+    """The pieces of rows ``rows`` over one key block: q [R, D] their queries, k and v [N, D] the block's
+    keys and values in the compute dtype, ``allowed`` [R, N] the keys each row attends."""
+    weights = allowed.to(q.dtype)
+    bad_k = ~torch.isfinite(k).all(dim=-1)
+    v_counts = None
+    if not bool(torch.isfinite(v).all()):
+        v_counts = tuple(weights @ hit.to(q.dtype) for hit in (torch.isnan(v), v == math.inf, v == -math.inf))
+    scores = (_finite_or_zero(q) @ _finite_or_zero(k).T / math.sqrt(q.shape[-1])).masked_fill(~allowed, -math.inf)
+    row_max = scores.amax(dim=-1).detach()
+    shift = torch.where(torch.isfinite(row_max), row_max, torch.zeros_like(row_max))
+    unnormalised = torch.exp(scores - shift[:, None])  # exactly 0 where not attended
+    return _Partial(rows, row_max, unnormalised.sum(dim=-1), unnormalised @ _finite_or_zero(v), weights.sum(dim=-1),
+                    weights @ bad_k.to(q.dtype), v_counts)
+
+
+def _group_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, segments: _Segments, keep: torch.Tensor | None,
+                   slots: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(out [R, D], natural-log sum of exp [R] (-inf: no key), poisoned [R]) of one KV group's rows
+    (head, query, span) in the compute dtype of q [rep * Lq, D]: over the key blocks some row's segments
+    reach, the rows reaching each, at most ``SCORE_BLOCK`` scores at a time; ``keep`` [Lkv] the mask row."""
+    n_rows, dim, key_length = q.shape[0] * slots, q.shape[-1], k.shape[0]
+    block = max(1, min(KEY_BLOCK, key_length))
+    partials = []
+    for first in range(0, key_length, block):
+        last = min(first + block, key_length) - 1
+        reached = segments.touch(first, last).nonzero().squeeze(-1)
+        if reached.numel() == 0:
+            continue
+        keys = torch.arange(first, last + 1, device=q.device)
+        kb, vb = k[first:last + 1].to(q.dtype), v[first:last + 1].to(q.dtype)
+        for rows in reached.split(max(1, SCORE_BLOCK // block)):
+            sub = _Segments(*(t[rows] for t in segments))
+            allowed = sub.allowed(keys) if keep is None else sub.allowed(keys) & keep[first:last + 1]
+            partials.append(_forward_step(q[rows // slots], kb, vb, allowed, rows))
+    zeros = q.new_zeros(n_rows)
+    if not partials:
+        return q.new_zeros(n_rows, dim), torch.full_like(zeros, -math.inf), zeros.bool()
+    rows, row_max = torch.cat([p.rows for p in partials]), torch.cat([p.row_max for p in partials])
+    best = torch.full_like(zeros, -math.inf).scatter_reduce(0, rows, row_max, "amax")
+    best = torch.where(torch.isfinite(best), best, torch.zeros_like(best))
+    scale = torch.where(torch.isfinite(row_max), torch.exp(row_max - best[rows]), torch.zeros_like(row_max))
+    total = zeros.index_add(0, rows, torch.cat([p.total for p in partials]) * scale)
+    acc = q.new_zeros(n_rows, dim).index_add(0, rows, torch.cat([p.acc for p in partials]) * scale[:, None])
+    out = acc / torch.where(total > 0, total, torch.ones_like(total))[:, None]
+    attended = zeros.index_add(0, rows, torch.cat([p.keys for p in partials])) > 0
+    bad_query = ~torch.isfinite(q).all(dim=-1).repeat_interleave(slots)
+    poisoned = (zeros.index_add(0, rows, torch.cat([p.bad_keys for p in partials])) > 0) | (bad_query & attended)
+    counted = [p for p in partials if p.v_counts is not None]
+    if counted:  # non-finite V at attended keys: NaN, or the infinity of the one sign met
+        at = torch.cat([p.rows for p in counted])
+        nan_n, pos_n, neg_n = (q.new_zeros(n_rows, dim).index_add(0, at, torch.cat([p.v_counts[i] for p in counted]))
+                               for i in range(3))
+        v_poison = torch.where(pos_n > 0, math.inf, 0.0) + torch.where(neg_n > 0, -math.inf, 0.0)
+        out = out + torch.where(nan_n > 0, math.nan, v_poison).to(out.dtype)  # +inf + -inf is NaN already
+    return out, torch.where(total > 0, best + torch.log(total), -math.inf), poisoned
+
+
 def span_forward_reference(
     q: torch.Tensor,
     k: torch.Tensor,
@@ -119,16 +215,31 @@ def span_forward_reference(
 
     With ``return_lse`` also the log2-domain log-sum-exp of the scaled scores [B, Hq, Lq, K]
     (fp32, +inf where no key is attended, NaN where the output is poisoned), as the Triton
-    forward writes it.
+    forward writes it. Computed per KV group over blocks of keys, each block only for the rows
+    whose span or window reaches it, the keys converted a block at a time: memory grows with the
+    rows and the keys they attend, never with Lkv x query heads.
     """
-    sm = _softmax(q, k, v, qstart, qend, cache_position, attention_mask, window)
-    out = torch.einsum("bhqkl,bhld->bhqkd", sm.probs, sm.v) + sm.v_poison
-    out = torch.where(sm.poisoned[..., None], math.nan, out).to(q.dtype)
+    batch, hq, lq, dim = q.shape
+    hkv, key_length, slots = k.shape[1], k.shape[2], qstart.shape[-1]
+    rep = hq // hkv
+    segments = _segments(qstart, qend, cache_position, key_length, window)
+    segments = _Segments(*(t.expand(batch, hq, lq, slots) for t in segments))
+    keep = None if attention_mask is None else attention_mask[:, :key_length] != 0
+    cdt = _compute_dtype(q.dtype)
+    outs, lses = [], []
+    for b in range(batch):
+        for g in range(hkv):
+            heads = slice(g * rep, (g + 1) * rep)
+            group = _Segments(*(t[b, heads].reshape(-1) for t in segments))
+            out, log_total, poisoned = _group_forward(q[b, heads].reshape(-1, dim).to(cdt), k[b, g], v[b, g], group,
+                                                      None if keep is None else keep[b], slots)
+            outs.append(torch.where(poisoned[:, None], math.nan, out).view(rep, lq, slots, dim))
+            lse = torch.where(torch.isfinite(log_total), log_total / math.log(2.0), math.inf)
+            lses.append(torch.where(poisoned, math.nan, lse).view(rep, lq, slots))
+    out = torch.stack(outs).view(batch, hq, lq, slots, dim).to(q.dtype)
     if not return_lse:
         return out
-    lse = torch.where(torch.isfinite(sm.log_total), sm.log_total / math.log(2.0), math.inf).squeeze(-1)
-    lse = torch.where(sm.poisoned, math.nan, lse)
-    return out, lse.detach().float()
+    return out, torch.stack(lses).view(batch, hq, lq, slots).detach().float()
 
 
 def span_backward_reference(

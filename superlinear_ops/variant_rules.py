@@ -16,7 +16,7 @@ from .problem import SPAN_BACKWARD, SPAN_FORWARD, Problem
 
 MAX_VALUES_PER_THREAD = 256  # fp32 tile values per thread above which kernels spill
 SPLIT_DKV_BUDGET_BYTES = 16 << 30
-REFERENCE_SCORE_BUDGET = 1 << 31  # scores the reference may materialise
+REFERENCE_SCORE_BUDGET = 1 << 31  # scores the backward reference may materialise
 SHARED_MEMORY_BYTES = {  # per thread block, by compute capability
     "sm_90": 232448, "sm_100": 232448, "sm_120": 101376, "sm_80": 166912, "sm_87": 166912,
     "sm_86": 101376, "sm_89": 101376, "sm_75": 65536, "sm_70": 98304,
@@ -141,12 +141,13 @@ def tc_reasons(tiles: dict, default, problem: Problem) -> list[str]:
 
 
 def always_applies(problem: Problem) -> list[str]:
-    """No reasons: the variant serves every problem (the layer's search reference works in chunks)."""
+    """No reasons: the variant serves every problem (the layer's search reference works in query
+    chunks, the span forward reference in key blocks)."""
     return []
 
 
 def reference_reasons(problem: Problem) -> list[str]:
-    """Why the dense PyTorch reference is unfit (it materialises every score)."""
+    """Why the dense PyTorch backward reference is unfit (it materialises every score)."""
     scores = problem.batch * problem.q_heads * problem.queries * problem.spans * problem.keys
     if scores > REFERENCE_SCORE_BUDGET:
         return [f"the reference would materialise {scores:.3g} scores (> {REFERENCE_SCORE_BUDGET:.3g})"]

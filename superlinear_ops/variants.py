@@ -210,9 +210,10 @@ REGISTRY.register(Variant(
     description="one Triton program per (b, h, q, span): online softmax over the span, then the window",
 ))
 REGISTRY.register(Variant(
-    op=SPAN_FORWARD, name="reference", launch=reference_forward, space=(), reasons=reference_reasons,
+    op=SPAN_FORWARD, name="reference", launch=reference_forward, space=(), reasons=always_applies,
     compile_check=no_check, default=reference_default, priority=100,
-    description="PyTorch reference (dense masked softmax); CPU, float64 and fallback",
+    description="PyTorch reference (masked softmax per KV group over the key blocks the spans and windows reach); "
+    "CPU, float64 and fallback",
 ))
 
 REGISTRY.register(Variant(
@@ -281,7 +282,7 @@ REGISTRY.register(Variant(
 ))
 REGISTRY.register(Variant(
     op=STAGED_DECODE, name="staged_reference", launch=position_clamped(staged_decode_with(reference_forward)), space=(),
-    reasons=reference_reasons, compile_check=no_check, default=reference_default, priority=100,
+    reasons=always_applies, compile_check=no_check, default=reference_default, priority=100,
     description="stripe search and top-k in PyTorch, span attention by the PyTorch reference",
 ))
 REGISTRY.register(Variant(
