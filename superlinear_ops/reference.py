@@ -42,11 +42,6 @@ class _Segments(NamedTuple):
         in_span = (keys >= self.lo[..., None]) & (keys <= self.hi[..., None])
         return in_span | ((keys >= self.window_lo[..., None]) & (keys <= self.pos[..., None]))
 
-    def touch(self, first: int, last: int) -> torch.Tensor:
-        """Boolean, per row: whether a segment holds a key of [first, last]."""
-        span = (self.lo <= last) & (self.hi >= first) & (self.lo <= self.hi)
-        return span | ((self.window_lo <= last) & (self.pos >= first) & (self.window_lo <= self.pos))
-
 
 def _segments(qstart: torch.Tensor, qend: torch.Tensor, cache_position: torch.Tensor, key_length: int,
               window: int) -> _Segments:
@@ -124,79 +119,47 @@ def _softmax(q, k, v, qstart, qend, cache_position, attention_mask, window) -> _
 
 
 KEY_BLOCK = 1 << 16  # keys a forward step reads at once
-SCORE_BLOCK = 1 << 24  # scores a forward step holds at once (rows x keys)
+SCORE_BLOCK = 1 << 24  # scores a forward step holds at once (rows x spans x keys)
 
 
-class _Partial(NamedTuple):
-    """A forward step's softmax pieces for some rows: their max score (-inf: no key), sum of exp(score -
-    max), sum of exp(score - max) * V, and counts of attended keys, of attended poisoned (non-finite) K
-    rows, and per d of attended NaN, +inf and -inf V entries (None: every V entry of the step finite)."""
-
-    rows: torch.Tensor
-    row_max: torch.Tensor
-    total: torch.Tensor
-    acc: torch.Tensor
-    keys: torch.Tensor
-    bad_keys: torch.Tensor
-    v_counts: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None
-
-
-def _forward_step(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, allowed: torch.Tensor, rows: torch.Tensor) -> _Partial:
-    """The pieces of rows ``rows`` over one key block: q [R, D] their queries, k and v [N, D] the block's
-    keys and values in the compute dtype, ``allowed`` [R, N] the keys each row attends."""
-    weights = allowed.to(q.dtype)
-    bad_k = ~torch.isfinite(k).all(dim=-1)
-    v_counts = None
-    if not bool(torch.isfinite(v).all()):
-        v_counts = tuple(weights @ hit.to(q.dtype) for hit in (torch.isnan(v), v == math.inf, v == -math.inf))
-    scores = (_finite_or_zero(q) @ _finite_or_zero(k).T / math.sqrt(q.shape[-1])).masked_fill(~allowed, -math.inf)
-    row_max = scores.amax(dim=-1).detach()
+def _rows_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, segments: _Segments, keep: torch.Tensor | None,
+                  block: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(out [R, K, D], natural-log sum of exp [R, K] (-inf: no key), poisoned [R, K]) for the queries
+    q [R, D] (compute dtype) of one KV group with their spans' ``segments`` [R, K], by an online
+    softmax over blocks of ``block`` keys of k, v [Lkv, D] (converted a block at a time); ``keep``
+    [Lkv] the mask row. Every block is visited (no host read decides which)."""
+    rows, slots, dim = q.shape[0], segments.lo.shape[1], q.shape[1]
+    scores_q = _finite_or_zero(q)
+    row_max = q.new_full((rows, slots), -math.inf)
+    total, attended, bad_keys = (q.new_zeros(rows, slots) for _ in range(3))
+    acc, v_hits = q.new_zeros(rows, slots, dim), q.new_zeros(rows, slots, 3 * dim)
+    for first in range(0, k.shape[0], block):
+        end = min(first + block, k.shape[0])
+        kb, vb = k[first:end].to(q.dtype), v[first:end].to(q.dtype)
+        allowed = segments.allowed(torch.arange(first, end, device=q.device))  # [R, K, N]
+        if keep is not None:
+            allowed = allowed & keep[first:end]
+        weights = allowed.to(q.dtype)
+        attended = attended + weights.sum(dim=-1)
+        bad_keys = bad_keys + weights @ (~torch.isfinite(kb).all(dim=-1)).to(q.dtype)
+        v_hits = v_hits + weights @ torch.cat([torch.isnan(vb), vb == math.inf, vb == -math.inf], dim=-1).to(q.dtype)
+        scores = scores_q @ _finite_or_zero(kb).T / math.sqrt(dim)  # [R, N], shared by the K spans
+        scores = torch.where(allowed, scores[:, None, :], -math.inf)
+        new_max = torch.maximum(row_max, scores.amax(dim=-1).detach())
+        shift = torch.where(torch.isfinite(new_max), new_max, torch.zeros_like(new_max))
+        unnormalised = torch.exp(scores - shift[..., None])  # exactly 0 where not attended
+        rescale = torch.exp(row_max - shift)  # what the blocks before weigh now (0 before any key)
+        total = total * rescale + unnormalised.sum(dim=-1)
+        acc = acc * rescale[..., None] + unnormalised @ _finite_or_zero(vb)
+        row_max = new_max
     shift = torch.where(torch.isfinite(row_max), row_max, torch.zeros_like(row_max))
-    unnormalised = torch.exp(scores - shift[:, None])  # exactly 0 where not attended
-    return _Partial(rows, row_max, unnormalised.sum(dim=-1), unnormalised @ _finite_or_zero(v), weights.sum(dim=-1),
-                    weights @ bad_k.to(q.dtype), v_counts)
-
-
-def _group_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, segments: _Segments, keep: torch.Tensor | None,
-                   slots: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """(out [R, D], natural-log sum of exp [R] (-inf: no key), poisoned [R]) of one KV group's rows
-    (head, query, span) in the compute dtype of q [rep * Lq, D]: over the key blocks some row's segments
-    reach, the rows reaching each, at most ``SCORE_BLOCK`` scores at a time; ``keep`` [Lkv] the mask row."""
-    n_rows, dim, key_length = q.shape[0] * slots, q.shape[-1], k.shape[0]
-    block = max(1, min(KEY_BLOCK, key_length))
-    partials = []
-    for first in range(0, key_length, block):
-        last = min(first + block, key_length) - 1
-        reached = segments.touch(first, last).nonzero().squeeze(-1)
-        if reached.numel() == 0:
-            continue
-        keys = torch.arange(first, last + 1, device=q.device)
-        kb, vb = k[first:last + 1].to(q.dtype), v[first:last + 1].to(q.dtype)
-        for rows in reached.split(max(1, SCORE_BLOCK // block)):
-            sub = _Segments(*(t[rows] for t in segments))
-            allowed = sub.allowed(keys) if keep is None else sub.allowed(keys) & keep[first:last + 1]
-            partials.append(_forward_step(q[rows // slots], kb, vb, allowed, rows))
-    zeros = q.new_zeros(n_rows)
-    if not partials:
-        return q.new_zeros(n_rows, dim), torch.full_like(zeros, -math.inf), zeros.bool()
-    rows, row_max = torch.cat([p.rows for p in partials]), torch.cat([p.row_max for p in partials])
-    best = torch.full_like(zeros, -math.inf).scatter_reduce(0, rows, row_max, "amax")
-    best = torch.where(torch.isfinite(best), best, torch.zeros_like(best))
-    scale = torch.where(torch.isfinite(row_max), torch.exp(row_max - best[rows]), torch.zeros_like(row_max))
-    total = zeros.index_add(0, rows, torch.cat([p.total for p in partials]) * scale)
-    acc = q.new_zeros(n_rows, dim).index_add(0, rows, torch.cat([p.acc for p in partials]) * scale[:, None])
-    out = acc / torch.where(total > 0, total, torch.ones_like(total))[:, None]
-    attended = zeros.index_add(0, rows, torch.cat([p.keys for p in partials])) > 0
-    bad_query = ~torch.isfinite(q).all(dim=-1).repeat_interleave(slots)
-    poisoned = (zeros.index_add(0, rows, torch.cat([p.bad_keys for p in partials])) > 0) | (bad_query & attended)
-    counted = [p for p in partials if p.v_counts is not None]
-    if counted:  # non-finite V at attended keys: NaN, or the infinity of the one sign met
-        at = torch.cat([p.rows for p in counted])
-        nan_n, pos_n, neg_n = (q.new_zeros(n_rows, dim).index_add(0, at, torch.cat([p.v_counts[i] for p in counted]))
-                               for i in range(3))
-        v_poison = torch.where(pos_n > 0, math.inf, 0.0) + torch.where(neg_n > 0, -math.inf, 0.0)
-        out = out + torch.where(nan_n > 0, math.nan, v_poison).to(out.dtype)  # +inf + -inf is NaN already
-    return out, torch.where(total > 0, best + torch.log(total), -math.inf), poisoned
+    out = acc / torch.where(total > 0, total, torch.ones_like(total))[..., None]
+    nan_n, pos_n, neg_n = v_hits.split(dim, dim=-1)  # non-finite V at attended keys: NaN, or the one sign's infinity
+    v_poison = torch.where(pos_n > 0, math.inf, 0.0) + torch.where(neg_n > 0, -math.inf, 0.0)
+    out = out + torch.where(nan_n > 0, math.nan, v_poison).to(out.dtype)  # +inf + -inf is NaN already
+    bad_query = ~torch.isfinite(q).all(dim=-1)[:, None]
+    poisoned = (bad_keys > 0) | (bad_query & (attended > 0))
+    return out, torch.where(total > 0, shift + torch.log(total), -math.inf), poisoned
 
 
 def span_forward_reference(
@@ -215,9 +178,9 @@ def span_forward_reference(
 
     With ``return_lse`` also the log2-domain log-sum-exp of the scaled scores [B, Hq, Lq, K]
     (fp32, +inf where no key is attended, NaN where the output is poisoned), as the Triton
-    forward writes it. Computed per KV group over blocks of keys, each block only for the rows
-    whose span or window reaches it, the keys converted a block at a time: memory grows with the
-    rows and the keys they attend, never with Lkv x query heads.
+    forward writes it. Computed per KV group by an online softmax over blocks of keys, converted to
+    the compute dtype a block at a time, for chunks of the group's queries: memory grows with the
+    rows and one block of keys, never with Lkv x query heads (nor is any key copied whole).
     """
     batch, hq, lq, dim = q.shape
     hkv, key_length, slots = k.shape[1], k.shape[2], qstart.shape[-1]
@@ -226,20 +189,25 @@ def span_forward_reference(
     segments = _Segments(*(t.expand(batch, hq, lq, slots) for t in segments))
     keep = None if attention_mask is None else attention_mask[:, :key_length] != 0
     cdt = _compute_dtype(q.dtype)
+    block = max(1, min(KEY_BLOCK, key_length))
+    chunk = max(1, SCORE_BLOCK // (block * max(slots, 1)))  # queries per step
     outs, lses = [], []
     for b in range(batch):
         for g in range(hkv):
             heads = slice(g * rep, (g + 1) * rep)
-            group = _Segments(*(t[b, heads].reshape(-1) for t in segments))
-            out, log_total, poisoned = _group_forward(q[b, heads].reshape(-1, dim).to(cdt), k[b, g], v[b, g], group,
-                                                      None if keep is None else keep[b], slots)
-            outs.append(torch.where(poisoned[:, None], math.nan, out).view(rep, lq, slots, dim))
-            lse = torch.where(torch.isfinite(log_total), log_total / math.log(2.0), math.inf)
-            lses.append(torch.where(poisoned, math.nan, lse).view(rep, lq, slots))
-    out = torch.stack(outs).view(batch, hq, lq, slots, dim).to(q.dtype)
+            queries = q[b, heads].reshape(rep * lq, dim).to(cdt)
+            group = _Segments(*(t[b, heads].reshape(rep * lq, slots) for t in segments))
+            for rows in (slice(i, i + chunk) for i in range(0, rep * lq, chunk)):
+                out, log_total, poisoned = _rows_forward(queries[rows], k[b, g], v[b, g], _Segments(*(t[rows] for t in group)),
+                                                         None if keep is None else keep[b], block)
+                outs.append(torch.where(poisoned[..., None], math.nan, out))
+                lse = torch.where(torch.isfinite(log_total), log_total / math.log(2.0), math.inf)
+                lses.append(torch.where(poisoned, math.nan, lse))
+    out = torch.cat(outs).view(batch, hq, lq, slots, dim).to(q.dtype) if outs else q.new_zeros(batch, hq, lq, slots, dim)
     if not return_lse:
         return out
-    return out, torch.stack(lses).view(batch, hq, lq, slots).detach().float()
+    lse = torch.cat(lses).view(batch, hq, lq, slots) if lses else q.new_full((batch, hq, lq, slots), math.inf)
+    return out, lse.detach().float()
 
 
 def span_backward_reference(
