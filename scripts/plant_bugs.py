@@ -197,10 +197,10 @@ PLANTS = {
     "layer span end ignores the forward factor": (LATT, "settings.forward_factor, settings.span_power,\n    )", "0.0, settings.span_power,\n    )", LAYER),
     "layer span start off by one": (GEO, "torch.maximum(qanchor.to(torch.int64) - back_len[:, None, :, None], first_allowed", "torch.maximum(qanchor.to(torch.int64) - back_len[:, None, :, None] + 1, first_allowed", LAYER),
     "reference window start off by one": (REF, "window_lo = (pos - window + 1).clamp(min=0)", "window_lo = (pos - window + 2).clamp(min=0)", f"{VARIANTS} -k reference"),
-    "reference forward: a block reached only by a window skipped": (REF, "        return span | ((self.window_lo <= last) & (self.pos >= first) & (self.window_lo <= self.pos))\n", "        return span\n", f"{BLOCKS} -k oracle"),
-    "reference forward: key blocks merged at their own max": (REF, "torch.exp(row_max - best[rows])", "torch.exp(row_max - row_max)", f"{BLOCKS} -k oracle"),
-    "reference forward: a key block's last key skipped": (REF, "last = min(first + block, key_length) - 1", "last = min(first + block, key_length) - 2", f"{BLOCKS} -k oracle"),
-    "reference forward: only a block's first chunk of rows": (REF, "for rows in reached.split(max(1, SCORE_BLOCK // block)):", "for rows in reached.split(max(1, SCORE_BLOCK // block))[:1]:", f"{BLOCKS} -k oracle"),
+    "reference forward: blocks merged without rescaling the earlier ones": (REF, "rescale = torch.exp(row_max - shift)", "rescale = torch.exp(shift - shift)", f"{BLOCKS} -k oracle"),
+    "reference forward: a key block's last key skipped": (REF, "        end = min(first + block, k.shape[0])\n", "        end = min(first + block, k.shape[0]) - 1\n", f"{BLOCKS} -k oracle"),
+    "reference forward: every chunk of queries takes the first chunk's spans": (REF, "_Segments(*(t[rows] for t in group))", "_Segments(*(t[: rows.stop - rows.start] for t in group))", f"{BLOCKS} -k oracle"),
+    "reference forward: a poisoned K row counted at every key": (REF, "bad_keys = bad_keys + weights @", "bad_keys = bad_keys + torch.ones_like(weights) @", "tests/test_hardening_inputs.py -k 'poisoned or nonfinite'"),
     "hardening: window not clamped to the keys": (LAUNCH, "window=min(int(window), key_length),", "window=int(window),", f"{INPUTS} -k huge_window"),
     "hardening: empty slot reads key 0 for dQ1": (LATT, "d_q1 = torch.where(used, grad[..., None] * keys, 0.0).sum(dim=-2)", "d_q1 = (grad[..., None] * keys).sum(dim=-2)", f"{INPUTS} -k masked_key_zero"),
     "hardening: empty slot adds 0 * Q1 to dK": (LATT, "contributions = torch.where(used, grad[..., None] * q1.to(grad.dtype)[..., None, :], 0.0)", "contributions = grad[..., None] * q1.to(grad.dtype)[..., None, :]", f"{INPUTS} -k q1_row_nobody"),
@@ -315,6 +315,8 @@ PLANTS = {
     "arch table: positions compiled as int64 pointers": ("superlinear_ops/arch_compile.py", '"suffix_ptr", "spos_ptr", "cache_pos_ptr"})', '"suffix_ptr"})', "tests/test_arch_check.py -k pointer_types"),
     "tuner: a sticky error leaves its worker in place": ("superlinear_ops/tuner/worker.py", "str(err))), err.sticky or not context_usable(bench.device)", "str(err))), not context_usable(bench.device)", "tests/test_tuner_worker_faults.py -k sticky"),
     "tuner: a worker found dead between candidates is reused": ("superlinear_ops/tuner/worker.py", "            self._kill()  # it died between candidates", "            pass  # it died between candidates", "tests/test_tuner_worker_faults.py -k killed"),
+    "explain: causes as reason templates with their numbers stripped": ("superlinear_ops/arch_check.py", "causes.setdefault(cause_of(reason), [])", "causes.setdefault(\" \".join(w for w in reason.split() if not any(c.isdigit() for c in w)), [])", "tests/test_explain_summary.py"),
+    "explain: an example that is no reason of its cause": ("superlinear_ops/arch_check.py", "e.g. {min(reasons)}", "e.g. {min(reasons)[:40]}", "tests/test_explain_summary.py"),
     "bench: an H100 without ceilings": ("superlinear_ops/tuner/bench.py", ', "NVIDIA H100 80GB HBM3": (3.0e12, 798e12)}', "}", "tests/test_tuner.py -k ceilings"),
 }
 
