@@ -1,7 +1,8 @@
-"""Errors at long context against the float64 reference: staged decode at the last of ``--keys``
-keys, and whole-layer rows at the start, middle and end of a ``--chunk``-query chunk ending there
-(model M's heads and settings by default: 32 query heads over 2 KV heads, D 128, bf16, 10,000,000
-keys, a 32,768-query chunk).
+"""Errors at 10M keys against the float64 reference, and the memory the reference uses.
+
+Staged decode at the last of ``--keys`` keys, and whole-layer rows at the start, middle and end of a
+``--chunk``-query chunk ending there (model M's heads and settings by default: 32 query heads over 2
+KV heads, D 128, bf16, 10,000,000 keys, a 32,768-query chunk).
 
 The kernels run through the public API on the inputs' dtype; the reference takes the same K and V
 (never copied: it converts one key block at a time to float64) with float64 queries, for the
