@@ -49,6 +49,8 @@ STS = "superlinear_ops/ops/layer_search/stripe_tile_search.py"
 TUNE = "superlinear_ops/tuner/tune.py"
 SEARCH = "superlinear_ops/tuner/search.py"
 SHAPES = "tests/ops/layer_search/test_search_shapes.py"
+EDGES = "tests/ops/layer_search/test_search_tile_edges.py"
+BLOCKS = "tests/ops/span_attention/test_reference_blocks.py"
 ANCHOR_SPANS = "superlinear_ops/ops/layer/spans.py"
 LCOMP = "superlinear_ops/ops/layer/composition.py"
 LGL = "superlinear_ops/ops/gate/launchers.py"
@@ -193,7 +195,11 @@ PLANTS = {
     "layer span start uses t instead of t - s": (GEO, "back_len = span_length_table(backward_factor, span_power, key_length, qanchor.device)[distance]", "back_len = span_length_table(backward_factor, span_power, key_length, qanchor.device)[(distance + first_allowed[:, None]).clamp(max=key_length)]", LAYER),
     "layer span end ignores the forward factor": (ANCHOR_SPANS, "settings.forward_factor, settings.span_power,\n    )", "0.0, settings.span_power,\n    )", LAYER),
     "layer span start off by one": (GEO, "torch.maximum(qanchor.to(torch.int64) - back_len[:, None, :, None], first_allowed", "torch.maximum(qanchor.to(torch.int64) - back_len[:, None, :, None] + 1, first_allowed", LAYER),
-    "reference window start off by one": (REF, "in_window = (keys >= (pos - window + 1).clamp(min=0))", "in_window = (keys >= (pos - window + 2).clamp(min=0))", f"{VARIANTS} -k reference"),
+    "reference window start off by one": (REF, "window_lo = (pos - window + 1).clamp(min=0)", "window_lo = (pos - window + 2).clamp(min=0)", f"{VARIANTS} -k reference"),
+    "reference forward: blocks merged without rescaling the earlier ones": (REF, "rescale = torch.exp(row_max - shift)", "rescale = torch.exp(shift - shift)", f"{BLOCKS} -k oracle"),
+    "reference forward: a key block's last key skipped": (REF, "        end = min(first + block, k.shape[0])\n", "        end = min(first + block, k.shape[0]) - 1\n", f"{BLOCKS} -k oracle"),
+    "reference forward: every chunk of queries takes the first chunk's spans": (REF, "_Segments(*(t[rows] for t in group))", "_Segments(*(t[: rows.stop - rows.start] for t in group))", f"{BLOCKS} -k oracle"),
+    "reference forward: a poisoned K row counted at every key": (REF, "bad_keys = bad_keys + weights @", "bad_keys = bad_keys + torch.ones_like(weights) @", "tests/test_hardening_inputs.py -k 'poisoned or nonfinite'"),
     "hardening: window not clamped to the keys": (LAUNCH, "window=min(int(window), key_length),", "window=int(window),", f"{INPUTS} -k huge_window"),
     "hardening: empty slot reads key 0 for dQ1": (LGL, "d_q1 = torch.where(used, grad[..., None] * keys, 0.0).sum(dim=-2)", "d_q1 = (grad[..., None] * keys).sum(dim=-2)", f"{INPUTS} -k masked_key_zero"),
     "hardening: empty slot adds 0 * Q1 to dK": (LGL, "contributions = torch.where(used, grad[..., None] * q1.to(grad.dtype)[..., None, :], 0.0)", "contributions = grad[..., None] * q1.to(grad.dtype)[..., None, :]", f"{INPUTS} -k q1_row_nobody"),
@@ -307,6 +313,16 @@ PLANTS = {
     "decode: a slice program reads its slice only when the head allows a key": (GST, "read = (keys < limit) & (head_first == L_KV)", "read = (keys < limit) & (head_first < L_KV)", "tests/ops/staged_decode/test_decode_mask.py -k first_allowed"),
     "arch table: positions compiled as int64 pointers": ("superlinear_ops/arch_compile.py", '"suffix_ptr", "spos_ptr", "cache_pos_ptr"})', '"suffix_ptr"})', "tests/base/test_arch_check.py -k pointer_types"),
     "bench: an H100 without ceilings": ("superlinear_ops/tuner/bench.py", ', "NVIDIA H100 80GB HBM3": (3.0e12, 798e12)}', "}", "tests/tuner/test_tuner.py -k ceilings"),
+    "stripe-tile search drops a last tile of one stripe": (STS, "for j0 in range(0, tl.max(n_c, axis=0), BLOCK_S):", "for j0 in range(0, tl.max(n_c, axis=0) - 1, BLOCK_S):", f"{EDGES} -k stripe_tiles"),
+    "stripe-tile search drops a last stripe that ends its tile": (STS, "    valid = j < n_c\n", "    valid = (j < n_c) & ((offs_s < tl.max(offs_s, axis=0)) | (j + 1 < n_c))\n", f"{EDGES} -k stripe_tiles"),
+    "stripe-tile search drops the last stripe past the first tile": (STS, "    valid = j < n_c\n", "    valid = (j < n_c) & ((j0 == 0) | (j + 1 < n_c))\n", f"{EDGES} -k stripe_tiles"),
+    "stripe-tile search reads the table's last stripe at the one before": (STS, "tl.minimum(j, N_STRIPES - 1)", "tl.minimum(j, N_STRIPES - 2)", f"{EDGES} -k stripe_tiles"),
+    "layer search drops a query block's last stripe": (LSK, "for j in range(0, tl.max(n_k, axis=0)):", "for j in range(0, tl.max(n_k, axis=0) - 1):", f"{EDGES} -k tiled_search"),
+    "layer search reads the table's last stripe at the one before": (LSK, "tl.minimum(j, N_STRIPES - 1)", "tl.minimum(j, N_STRIPES - 2)", f"{EDGES} -k tiled_search"),
+    "tuner: a sticky error leaves its worker in place": ("superlinear_ops/tuner/worker.py", "str(err))), err.sticky or not context_usable(bench.device)", "str(err))), not context_usable(bench.device)", "tests/tuner/test_worker_faults.py -k sticky"),
+    "tuner: a worker found dead between candidates is reused": ("superlinear_ops/tuner/worker.py", "            self._kill()  # it died between candidates", "            pass  # it died between candidates", "tests/tuner/test_worker_faults.py -k killed"),
+    "explain: causes as reason templates with their numbers stripped": ("superlinear_ops/arch_check.py", "causes.setdefault(cause_of(reason), [])", "causes.setdefault(\" \".join(w for w in reason.split() if not any(c.isdigit() for c in w)), [])", "tests/base/test_explain_summary.py"),
+    "explain: an example that is no reason of its cause": ("superlinear_ops/arch_check.py", "e.g. {min(reasons)}", "e.g. {min(reasons)[:40]}", "tests/base/test_explain_summary.py"),
 }
 
 

@@ -17,6 +17,7 @@ from __future__ import annotations
 import functools
 import json
 import logging
+import re
 import warnings
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
@@ -199,9 +200,10 @@ def with_compiled(static: Callable, variant_name: str, problem, config: Mapping[
     return compiled_reason(REGISTRY.get(op, name), problem, config) or reason
 
 
-def summary(variant, problem, examples: int = 3) -> list[str]:
+def summary(variant, problem) -> list[str]:
     """Readable lines: how many of ``variant``'s declared configurations cannot run on ``problem``'s
-    GPU, grouped by cause, with a few examples; empty when all can (or the variant has no space)."""
+    GPU, grouped by cause in plain words, each with one real reason as its example; empty when all
+    can (or the variant has no space)."""
     if not variant.space:
         return []
     bad = variant.unrunnable(problem)
@@ -211,14 +213,31 @@ def summary(variant, problem, examples: int = 3) -> list[str]:
     source = "compiled ahead of time" if covers(variant, problem) else "static estimates"
     causes: dict[str, list[str]] = {}
     for config, reason in bad:
-        cause = reason.split(" (compiled")[0]
-        causes.setdefault(_cause(cause), []).append(cause)
+        reason = reason.split(" (compiled")[0]
+        causes.setdefault(cause_of(reason), []).append(reason)
     lines = [f"{len(bad)} of {total} declared configurations cannot run on {problem.device.arch} ({source}):"]
-    for cause, reasons in sorted(causes.items(), key=lambda item: -len(item[1])):
-        lines.append(f"  {len(reasons)}: {cause}, e.g. {'; '.join(sorted(set(reasons))[:examples])}")
+    for cause, reasons in sorted(causes.items(), key=lambda item: (-len(item[1]), item[0])):
+        lines.append(f"  {len(reasons)}: {cause}; e.g. {min(reasons)}")
     return lines
 
 
-def _cause(reason: str) -> str:
-    """The kind of a reason: its words without the numbers (sizes, tiles, the arch)."""
-    return " ".join(word for word in reason.split() if not any(c.isdigit() for c in word))[:120]
+CAUSES = (  # (words in a reason, its cause in plain words): the first match names it
+    ("does not compile", "the kernel does not compile"),
+    ("spills", "the compiled kernel spills registers to local memory"),
+    ("tensor-memory", "the compiled kernel needs more tensor-memory columns than the GPU has"),
+    ("registers x", "the compiled kernel needs more registers than a thread block has"),
+    ("bytes of shared memory", "the compiled kernel needs more shared memory than a thread block has"),
+    ("shared memory", "its tiles would need more shared memory than a thread block has"),
+    ("registers", "its tiles would hold more values per thread than fit in registers"),
+    ("tensor-core dot needs", "its dot would have fewer than 16 rows or columns"),
+    ("heads already fill", "it takes several queries where 16 heads already fill the dot"),
+    ("query heads of a KV group", "it takes more heads than a KV group has"),
+)
+
+
+def cause_of(reason: str) -> str:
+    """A reason's cause in plain words, naming the kernel part (window, span) it concerns; a reason
+    of no known kind is its own cause."""
+    words = next((cause for key, cause in CAUSES if key in reason), reason)
+    part = re.match(r"(?:sm_\w+: )?(window|span) ", reason)
+    return f"{part[1]} part: {words}" if part and words != reason else words

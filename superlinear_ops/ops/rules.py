@@ -15,7 +15,7 @@ from ..registry import Param
 
 MAX_VALUES_PER_THREAD = 256  # fp32 tile values per thread above which kernels spill
 MAX_TC_VALUES_PER_THREAD = 160  # fp32 accumulator + score values per thread of a tensor-core tile
-REFERENCE_SCORE_BUDGET = 1 << 31  # scores the reference may materialise
+REFERENCE_SCORE_BUDGET = 1 << 31  # scores the backward reference may materialise
 SHARED_MEMORY_BYTES = {  # per thread block, by compute capability
     "sm_90": 232448, "sm_100": 232448, "sm_120": 101376, "sm_80": 166912, "sm_87": 166912,
     "sm_86": 101376, "sm_89": 101376, "sm_75": 65536, "sm_70": 98304,
@@ -48,12 +48,13 @@ def misfit(problem: Problem, default, check) -> list[str]:
 
 
 def always_applies(problem: Problem) -> list[str]:
-    """No reasons: the variant serves every problem (the layer's search reference works in chunks)."""
+    """No reasons: the variant serves every problem (the layer's search reference works in query
+    chunks, the span forward reference in key blocks)."""
     return []
 
 
 def reference_reasons(problem: Problem) -> list[str]:
-    """Why the dense PyTorch reference is unfit (it materialises every score)."""
+    """Why the dense PyTorch backward reference is unfit (it materialises every score)."""
     scores = problem.batch * problem.q_heads * problem.queries * problem.spans * problem.keys
     if scores > REFERENCE_SCORE_BUDGET:
         return [f"the reference would materialise {scores:.3g} scores (> {REFERENCE_SCORE_BUDGET:.3g})"]

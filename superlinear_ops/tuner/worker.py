@@ -2,7 +2,8 @@
 current problem's inputs (built once per worker, not per candidate). A candidate that kills the
 process (a signal, a sticky CUDA error such as an illegal memory access) or runs past the timeout
 comes back as a failed ``Outcome``; the worker is then killed and a fresh one started on the next
-candidate, with the problem's inputs and real-size baseline rebuilt."""
+candidate, with the problem's inputs and real-size baseline rebuilt (so too when a worker is found dead
+between candidates)."""
 
 from __future__ import annotations
 
@@ -133,6 +134,8 @@ class CandidateWorker:
         """Check and time ``name``/``config`` on the prepared problem in the worker process."""
         if self._case is None:
             raise WorkerError("evaluate before prepare: no problem to run the candidate on")
+        if self._process is not None and not self._process.is_alive():
+            self._kill()  # it died between candidates (killed from outside): a fresh one runs this candidate
         if self._process is None:
             self._start()
         elif not self._prepared:

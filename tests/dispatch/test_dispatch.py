@@ -125,7 +125,7 @@ def test_explain_reports_variants_key_layers_and_choice() -> None:
 
 
 def test_no_applicable_variant_raises_with_every_reason() -> None:
-    p = problem(dtype="float64", queries=8192, keys=1 << 20)  # Triton: float64; reference: too big
+    p = problem(op="span_backward", dtype="float64", queries=8192, keys=1 << 20)  # Triton: float64; reference: too big
     with pytest.raises(NoVariantError, match="float64.*materialise"):
         Dispatcher(REGISTRY).select(p)
     assert Dispatcher(REGISTRY).explain(p).choice is None

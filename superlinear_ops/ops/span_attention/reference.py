@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import torch
 
@@ -27,6 +28,35 @@ def _compute_dtype(dtype: torch.dtype) -> torch.dtype:
     return torch.float64 if dtype == torch.float64 else torch.float32
 
 
+class _Segments(NamedTuple):
+    """Per (b, h, q, span), broadcastable to [B, H, Lq, K]: the span segment [lo, hi] and the window
+    segment [window_lo, pos] of semantics section 2 (a segment is empty where its end precedes its start)."""
+
+    lo: torch.Tensor
+    hi: torch.Tensor
+    window_lo: torch.Tensor
+    pos: torch.Tensor
+
+    def allowed(self, keys: torch.Tensor) -> torch.Tensor:
+        """Boolean [..., len(keys)]: which of ``keys`` each row's segments hold (the mask not applied)."""
+        in_span = (keys >= self.lo[..., None]) & (keys <= self.hi[..., None])
+        return in_span | ((keys >= self.window_lo[..., None]) & (keys <= self.pos[..., None]))
+
+
+def _segments(qstart: torch.Tensor, qend: torch.Tensor, cache_position: torch.Tensor, key_length: int,
+              window: int) -> _Segments:
+    """The segments of every (b, h, q, span), the span clamped to end before its query's window as
+    every kernel clamps it (``kernels.span_tiles.clamped_span_bounds``): [max(qstart, 0), min(qend,
+    Lkv - 1, pos - W)], the last bound only when W > 0, so overlapping (unvalidated) inputs give the
+    same result on every path."""
+    pos = cache_position.to(device=qstart.device, dtype=torch.int64).clamp(max=key_length - 1).view(1, 1, -1, 1)
+    hi = qend.to(torch.int64).clamp(max=key_length - 1)  # a negative qend leaves the span empty
+    if window > 0:
+        hi = torch.minimum(hi, pos - window)
+    window_lo = (pos - window + 1).clamp(min=0) if window > 0 else pos + 1
+    return _Segments(qstart.to(torch.int64).clamp(min=0), hi, window_lo, pos)
+
+
 def attended_keys(
     qstart: torch.Tensor,
     qend: torch.Tensor,
@@ -35,23 +65,8 @@ def attended_keys(
     key_length: int,
     window: int,
 ) -> torch.Tensor:
-    """Boolean [B, H, Lq, K, Lkv]: which keys each (b, h, q, span) attends (semantics section 2).
-
-    The span is clamped to end before its query's window, as every kernel clamps it
-    (``kernels.span_tiles.clamped_span_bounds``): [max(qstart, 0), min(qend, Lkv - 1, pos - W)],
-    the last bound only when W > 0, so overlapping (unvalidated) inputs give the same result on
-    every path.
-    """
-    keys = torch.arange(key_length, device=qstart.device)
-    pos = cache_position.to(device=qstart.device, dtype=torch.int64).clamp(max=key_length - 1)
-    pos = pos.view(1, 1, -1, 1, 1)
-    lo = qstart.clamp(min=0)[..., None]
-    hi = qend.to(torch.int64).clamp(max=key_length - 1)[..., None]
-    if window > 0:
-        hi = torch.minimum(hi, pos - window)
-    in_span = (keys >= lo) & (keys <= hi) & (qend[..., None] >= 0)
-    in_window = (keys >= (pos - window + 1).clamp(min=0)) & (keys <= pos) & (window > 0)
-    allowed = in_span | in_window
+    """Boolean [B, H, Lq, K, Lkv]: which keys each (b, h, q, span) attends (semantics section 2, ``_segments``)."""
+    allowed = _segments(qstart, qend, cache_position, key_length, window).allowed(torch.arange(key_length, device=qstart.device))
     if attention_mask is not None:
         allowed = allowed & (attention_mask[:, :key_length] != 0).view(-1, 1, 1, 1, key_length)
     return allowed
@@ -103,6 +118,50 @@ def _softmax(q, k, v, qstart, qend, cache_position, attention_mask, window) -> _
     return _Softmax(q, kr, vr, probs, log_total, poisoned, v_poison)
 
 
+KEY_BLOCK = 1 << 16  # keys a forward step reads at once
+SCORE_BLOCK = 1 << 24  # scores a forward step holds at once (rows x spans x keys)
+
+
+def _rows_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, segments: _Segments, keep: torch.Tensor | None,
+                  block: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(out [R, K, D], natural-log sum of exp [R, K] (-inf: no key), poisoned [R, K]) for the queries
+    q [R, D] (compute dtype) of one KV group with their spans' ``segments`` [R, K], by an online
+    softmax over blocks of ``block`` keys of k, v [Lkv, D] (converted a block at a time); ``keep``
+    [Lkv] the mask row. Every block is visited (no host read decides which)."""
+    rows, slots, dim = q.shape[0], segments.lo.shape[1], q.shape[1]
+    scores_q = _finite_or_zero(q)
+    row_max = q.new_full((rows, slots), -math.inf)
+    total, attended, bad_keys = (q.new_zeros(rows, slots) for _ in range(3))
+    acc, v_hits = q.new_zeros(rows, slots, dim), q.new_zeros(rows, slots, 3 * dim)
+    for first in range(0, k.shape[0], block):
+        end = min(first + block, k.shape[0])
+        kb, vb = k[first:end].to(q.dtype), v[first:end].to(q.dtype)
+        allowed = segments.allowed(torch.arange(first, end, device=q.device))  # [R, K, N]
+        if keep is not None:
+            allowed = allowed & keep[first:end]
+        weights = allowed.to(q.dtype)
+        attended = attended + weights.sum(dim=-1)
+        bad_keys = bad_keys + weights @ (~torch.isfinite(kb).all(dim=-1)).to(q.dtype)
+        v_hits = v_hits + weights @ torch.cat([torch.isnan(vb), vb == math.inf, vb == -math.inf], dim=-1).to(q.dtype)
+        scores = scores_q @ _finite_or_zero(kb).T / math.sqrt(dim)  # [R, N], shared by the K spans
+        scores = torch.where(allowed, scores[:, None, :], -math.inf)
+        new_max = torch.maximum(row_max, scores.amax(dim=-1).detach())
+        shift = torch.where(torch.isfinite(new_max), new_max, torch.zeros_like(new_max))
+        unnormalised = torch.exp(scores - shift[..., None])  # exactly 0 where not attended
+        rescale = torch.exp(row_max - shift)  # what the blocks before weigh now (0 before any key)
+        total = total * rescale + unnormalised.sum(dim=-1)
+        acc = acc * rescale[..., None] + unnormalised @ _finite_or_zero(vb)
+        row_max = new_max
+    shift = torch.where(torch.isfinite(row_max), row_max, torch.zeros_like(row_max))
+    out = acc / torch.where(total > 0, total, torch.ones_like(total))[..., None]
+    nan_n, pos_n, neg_n = v_hits.split(dim, dim=-1)  # non-finite V at attended keys: NaN, or the one sign's infinity
+    v_poison = torch.where(pos_n > 0, math.inf, 0.0) + torch.where(neg_n > 0, -math.inf, 0.0)
+    out = out + torch.where(nan_n > 0, math.nan, v_poison).to(out.dtype)  # +inf + -inf is NaN already
+    bad_query = ~torch.isfinite(q).all(dim=-1)[:, None]
+    poisoned = (bad_keys > 0) | (bad_query & (attended > 0))
+    return out, torch.where(total > 0, shift + torch.log(total), -math.inf), poisoned
+
+
 def span_forward_reference(
     q: torch.Tensor,
     k: torch.Tensor,
@@ -119,15 +178,35 @@ def span_forward_reference(
 
     With ``return_lse`` also the log2-domain log-sum-exp of the scaled scores [B, Hq, Lq, K]
     (fp32, +inf where no key is attended, NaN where the output is poisoned), as the Triton
-    forward writes it.
+    forward writes it. Computed per KV group by an online softmax over blocks of keys, converted to
+    the compute dtype a block at a time, for chunks of the group's queries: memory grows with the
+    rows and one block of keys, never with Lkv x query heads (nor is any key copied whole).
     """
-    sm = _softmax(q, k, v, qstart, qend, cache_position, attention_mask, window)
-    out = torch.einsum("bhqkl,bhld->bhqkd", sm.probs, sm.v) + sm.v_poison
-    out = torch.where(sm.poisoned[..., None], math.nan, out).to(q.dtype)
+    batch, hq, lq, dim = q.shape
+    hkv, key_length, slots = k.shape[1], k.shape[2], qstart.shape[-1]
+    rep = hq // hkv
+    segments = _segments(qstart, qend, cache_position, key_length, window)
+    segments = _Segments(*(t.expand(batch, hq, lq, slots) for t in segments))
+    keep = None if attention_mask is None else attention_mask[:, :key_length] != 0
+    cdt = _compute_dtype(q.dtype)
+    block = max(1, min(KEY_BLOCK, key_length))
+    chunk = max(1, SCORE_BLOCK // (block * max(slots, 1)))  # queries per step
+    outs, lses = [], []
+    for b in range(batch):
+        for g in range(hkv):
+            heads = slice(g * rep, (g + 1) * rep)
+            queries = q[b, heads].reshape(rep * lq, dim).to(cdt)
+            group = _Segments(*(t[b, heads].reshape(rep * lq, slots) for t in segments))
+            for rows in (slice(i, i + chunk) for i in range(0, rep * lq, chunk)):
+                out, log_total, poisoned = _rows_forward(queries[rows], k[b, g], v[b, g], _Segments(*(t[rows] for t in group)),
+                                                         None if keep is None else keep[b], block)
+                outs.append(torch.where(poisoned[..., None], math.nan, out))
+                lse = torch.where(torch.isfinite(log_total), log_total / math.log(2.0), math.inf)
+                lses.append(torch.where(poisoned, math.nan, lse))
+    out = torch.cat(outs).view(batch, hq, lq, slots, dim).to(q.dtype) if outs else q.new_zeros(batch, hq, lq, slots, dim)
     if not return_lse:
         return out
-    lse = torch.where(torch.isfinite(sm.log_total), sm.log_total / math.log(2.0), math.inf).squeeze(-1)
-    lse = torch.where(sm.poisoned, math.nan, lse)
+    lse = torch.cat(lses).view(batch, hq, lq, slots) if lses else q.new_full((batch, hq, lq, slots), math.inf)
     return out, lse.detach().float()
 
 

@@ -20,6 +20,7 @@ from ..rules import (
     FORWARD_SPACE,
     MAX_TC_VALUES_PER_THREAD,
     WARPS,
+    always_applies,
     element_bytes,
     forward_default,
     misfit,
@@ -174,9 +175,10 @@ def reference_forward(geo: LaunchGeometry, config: KernelConfig) -> tuple[torch.
 
 
 FORWARD_REFERENCE = Variant(
-    op=SPAN_FORWARD, name="reference", launch=reference_forward, space=(), reasons=reference_reasons,
+    op=SPAN_FORWARD, name="reference", launch=reference_forward, space=(), reasons=always_applies,
     compile_check=no_check, default=reference_default, priority=100,
-    description="PyTorch reference (dense masked softmax); CPU, float64 and fallback",
+    description="PyTorch reference (masked softmax per KV group over the key blocks the spans and windows reach); "
+    "CPU, float64 and fallback",
 )
 
 # --- span_backward/tc_tiles ---------------------------------------------------------------------

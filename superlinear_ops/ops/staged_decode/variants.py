@@ -233,7 +233,7 @@ STAGED = Variant(
 )
 STAGED_REFERENCE = Variant(
     op=STAGED_DECODE, name="staged_reference", launch=position_clamped(staged_decode_with(reference_forward)), space=(),
-    reasons=rules.reference_reasons, compile_check=rules.no_check, default=rules.reference_default, priority=100,
+    reasons=rules.always_applies, compile_check=rules.no_check, default=rules.reference_default, priority=100,
     description="stripe search and top-k in PyTorch, span attention by the PyTorch reference",
 )
 
