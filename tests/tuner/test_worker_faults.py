@@ -13,12 +13,12 @@ import traceback
 import pytest
 import torch
 from optuna.trial import TrialState
-from superlinear_ops.kernels.launch import KernelConfig
 from test_tuner import DECODE_ONLY as WORKLOAD
 
 from superlinear_ops import dispatch
 from superlinear_ops.buckets import key_of
 from superlinear_ops.cache.store import Store
+from superlinear_ops.launch import KernelConfig
 from superlinear_ops.ops.rules import no_check, triton_reasons
 from superlinear_ops.ops.span_attention.variants import triton_forward
 from superlinear_ops.ops.staged_decode.variants import staged_decode_with

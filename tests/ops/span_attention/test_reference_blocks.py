@@ -16,9 +16,9 @@ import oracle
 import pytest
 import torch
 from helpers import problem
-from superlinear_ops.kernels.launch import KernelConfig
 
 from superlinear_ops.dispatch import Dispatcher
+from superlinear_ops.launch import KernelConfig
 from superlinear_ops.ops.span_attention import reference
 from superlinear_ops.problem import STAGED_DECODE
 from superlinear_ops.registry import REGISTRY
