@@ -66,7 +66,7 @@ def test_span_forward_over_many_key_blocks_matches_the_oracle(window: int, maske
 
 def test_span_forward_over_many_key_blocks_keeps_the_non_finite_rules(gen: torch.Generator, monkeypatch) -> None:
     """NaN in Q or an attended K row poisons the row; an attended non-finite V shows; neither reaches
-    another row: small blocks give exactly the single-block result (SPEC section 2)."""
+    another row: small blocks give exactly the single-block result (docs/semantics.md section 2)."""
     batch, hq, hkv, lq, slots, lkv, dim = 1, 4, 2, 4, 2, 50, 8
     q = torch.randn(batch, hq, lq, dim, generator=gen, dtype=torch.float64)
     k, v = (torch.randn(batch, hkv, lkv, dim, generator=gen, dtype=torch.float64) for _ in range(2))
