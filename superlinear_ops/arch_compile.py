@@ -1,7 +1,7 @@
 """Ahead-of-time compilation of the registered Triton kernels for GPUs this machine does not have.
 
-For each covered variant (``covered()``: the variants that declare ``compiled_parts``) and each kernel part (a kernel, or kernels, reading only its
-own four tunables), every distinct value of those tunables is compiled with ``triton.compile`` for
+For each covered variant (``covered()``: the variants that declare ``compiled_parts``) and each kernel
+part (a kernel, or kernels, reading only its own four tunables), every distinct value of those tunables is compiled with ``triton.compile`` for
 each architecture of ``arch_check.ARCH_LIMITS`` (no GPU needed: ptxas ships with Triton) and its
 resources are recorded: shared memory (Triton's dynamic allocation plus the static shared memory
 ptxas reports), registers per thread, spill-store bytes and tensor-memory columns (sm_100), or the
@@ -174,13 +174,14 @@ def generate(
     """The table for ``archs`` x ``variants`` (``sample``: only the first N tiles of each part);
     entries of ``reuse`` (an earlier table) with the same code hash are kept, not recompiled, and so
     are its other variants whose code hash still matches (regenerating one variant keeps the rest)."""
-    variants = tuple(covered()) if variants is None else variants
+    coverage = covered()
+    variants = tuple(coverage) if variants is None else variants
     for arch in archs:
         if arch not in ARCH_LIMITS:
             raise ValueError(f"archs: {arch!r} is not one of {tuple(ARCH_LIMITS)}")
     for variant in variants:
-        if variant not in covered():
-            raise ValueError(f"variants: {variant!r} is not one of {tuple(covered())}")
+        if variant not in coverage:
+            raise ValueError(f"variants: {variant!r} is not one of {tuple(coverage)}")
     import triton
 
     started = time.monotonic()
@@ -193,7 +194,7 @@ def generate(
         code_hash = REGISTRY.get(op, name).code_hash
         kept = old.get(variant, {}) if old.get(variant, {}).get("code_hash") == code_hash else {}
         entry = table["variants"][variant] = {"code_hash": code_hash, "parts": {}}
-        for part, specs in covered()[variant].items():
+        for part, specs in coverage[variant].items():
             results = entry["parts"][part] = {"kernels": [s.name for s in specs], "results": {a: {} for a in archs}}
             values = spread(part_values(variant, part), sample)
             for arch in archs:
@@ -204,7 +205,7 @@ def generate(
                     else:
                         jobs.append((variant, part, arch, tiles, dtype, block_d))
     for variant, entry in old.items():  # the variants not asked for, where the code has not changed
-        if variant in covered() and variant not in table["variants"] and entry.get("code_hash") == REGISTRY.get(*variant.split("/")).code_hash:
+        if variant in coverage and variant not in table["variants"] and entry.get("code_hash") == REGISTRY.get(*variant.split("/")).code_hash:
             table["variants"][variant] = entry
     log.info("compiling %d kernel parts (%d reused)", len(jobs), sum(
         len(r) for v in table["variants"].values() for p in v["parts"].values() for r in p["results"].values()))

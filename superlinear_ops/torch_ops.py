@@ -252,7 +252,7 @@ def layer_search(
     inv_search_power_int: int | None,
 ) -> tuple[Tensor, Tensor]:
     """The whole layer's anchors [B, Hq, Lq, topk] (int64, -1: empty slot) and their scores (the
-    forward's gate scores, ``layer.search.Found``) by the dispatcher's search variant (searched for
+    forward's gate scores, ``ops.layer_search.reference.Found``) by the dispatcher's search variant (searched for
     at most as many slots as there are stripes; the rest stay empty)."""
     settings = SpanSettings.from_op_arguments(sw_index, topk, backward_factor, forward_factor, span_power, search_power,
                                               inv_search_power_int)

@@ -1,4 +1,4 @@
-"""``kernels.side_stream.SideStream`` on stand-in CUDA streams (no GPU here): the fork, the side
+"""``ops.side_stream.SideStream`` on stand-in CUDA streams (no GPU here): the fork, the side
 stream's context, the join and the allocator marks, in the order a GPU relies on."""
 
 from __future__ import annotations

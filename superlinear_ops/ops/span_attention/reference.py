@@ -46,7 +46,7 @@ class _Segments(NamedTuple):
 def _segments(qstart: torch.Tensor, qend: torch.Tensor, cache_position: torch.Tensor, key_length: int,
               window: int) -> _Segments:
     """The segments of every (b, h, q, span), the span clamped to end before its query's window as
-    every kernel clamps it (``kernels.span_tiles.clamped_span_bounds``): [max(qstart, 0), min(qend,
+    every kernel clamps it (``span_tiles.clamped_span_bounds``): [max(qstart, 0), min(qend,
     Lkv - 1, pos - W)], the last bound only when W > 0, so overlapping (unvalidated) inputs give the
     same result on every path."""
     pos = cache_position.to(device=qstart.device, dtype=torch.int64).clamp(max=key_length - 1).view(1, 1, -1, 1)
@@ -76,6 +76,13 @@ def _finite_or_zero(t: torch.Tensor) -> torch.Tensor:
     return torch.where(torch.isfinite(t), t, torch.zeros_like(t))
 
 
+def _value_poison(nan_n: torch.Tensor, pos_n: torch.Tensor, neg_n: torch.Tensor) -> torch.Tensor:
+    """What non-finite V entries at attended keys add to an output, from their counts per (row, d):
+    NaN, or the one sign's infinity (+inf + -inf is NaN already), else 0."""
+    poison = torch.where(pos_n > 0, math.inf, 0.0) + torch.where(neg_n > 0, -math.inf, 0.0)
+    return torch.where(nan_n > 0, math.nan, poison)
+
+
 @dataclass
 class _Softmax:
     """The masked softmax of a span forward on finite (cleaned) operands."""
@@ -103,8 +110,7 @@ def _softmax(q, k, v, qstart, qend, cache_position, attention_mask, window) -> _
     nan_n = torch.einsum("bhqkl,bhld->bhqkd", weights, torch.isnan(vr).to(cdt))
     pos_n = torch.einsum("bhqkl,bhld->bhqkd", weights, (vr == math.inf).to(cdt))
     neg_n = torch.einsum("bhqkl,bhld->bhqkd", weights, (vr == -math.inf).to(cdt))
-    v_poison = torch.where(pos_n > 0, math.inf, 0.0) + torch.where(neg_n > 0, -math.inf, 0.0)
-    v_poison = torch.where(nan_n > 0, math.nan, v_poison).to(cdt)  # +inf + -inf is NaN already
+    v_poison = _value_poison(nan_n, pos_n, neg_n).to(cdt)
     q, kr, vr = _finite_or_zero(q), _finite_or_zero(kr), _finite_or_zero(vr)
     scores = torch.matmul(q, kr.transpose(-1, -2)) / math.sqrt(dim)  # [B, H, Lq, Lkv]
     scores = scores[:, :, :, None, :].expand(-1, -1, -1, qstart.shape[-1], -1)
@@ -154,9 +160,7 @@ def _rows_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, segments: _
         row_max = new_max
     shift = torch.where(torch.isfinite(row_max), row_max, torch.zeros_like(row_max))
     out = acc / torch.where(total > 0, total, torch.ones_like(total))[..., None]
-    nan_n, pos_n, neg_n = v_hits.split(dim, dim=-1)  # non-finite V at attended keys: NaN, or the one sign's infinity
-    v_poison = torch.where(pos_n > 0, math.inf, 0.0) + torch.where(neg_n > 0, -math.inf, 0.0)
-    out = out + torch.where(nan_n > 0, math.nan, v_poison).to(out.dtype)  # +inf + -inf is NaN already
+    out = out + _value_poison(*v_hits.split(dim, dim=-1)).to(out.dtype)
     bad_query = ~torch.isfinite(q).all(dim=-1)[:, None]
     poisoned = (bad_keys > 0) | (bad_query & (attended > 0))
     return out, torch.where(total > 0, shift + torch.log(total), -math.inf), poisoned

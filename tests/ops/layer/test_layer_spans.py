@@ -1,5 +1,5 @@
 """The layer's spans from its anchors (semantics section 4, step 2): the one-launch Triton kernel
-(``layer.spans_kernel``) against an element-by-element oracle (exact decimal span lengths, the
+(``ops.layer.spans_kernel``) against an element-by-element oracle (exact decimal span lengths, the
 first allowed key found by a scan) and against the tensor ops it replaces, bit for bit.
 
 Anchors cover every clamp of the rule: -1 (empty slot), anchors just after the first allowed key
