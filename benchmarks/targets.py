@@ -1,0 +1,343 @@
+"""The targets table at model M on one GPU, in one run: every target case, ours beside dense attention.
+
+Cases (``--cases REGEX`` keeps those whose name matches; default all):
+- prefill: an 8192-query chunk at the end of 16,384 and 139,264 keys, a 32,768-query chunk at the end of
+  1,048,576 and 10,000,000 keys. Ours: the public ``superlinear_attention`` forward, and the search alone
+  (``torch_ops.layer_search``). Dense: the chunk over the prefix without a mask plus the chunk over itself,
+  causal (``whole_layer.dense_times``: K/V repeated to 32 heads outside the timing); not run at 10M keys.
+- training: forward + backward at Lq = Lkv = 4096, 16384, 65536; dense causal forward + backward.
+- decode: one step, B = 1 over 4K, 64K, 256K, 1M and 10M keys without a mask; B = 4 and B = 16 over 4K,
+  64K, 256K and 1M keys without a mask and with 10% holes. Ours: the public decode step (the dispatcher's
+  choice, checked against the float64 reference first) replayed from a CUDA graph. Dense: SDPA on the same
+  inputs with grouped heads, or with K/V repeated to every query head where a backend needs that and the
+  copy fits in the free GPU memory.
+
+Per case: ours' median ms; SDPA's with the cuDNN and with the flash backend forced (or why it did not run);
+ours over cuDNN (below 1: ours is faster); the lower bound and its basis; the effective throughput (the
+bound's FLOPs over ours' time for prefill and training, TFLOP/s; its bytes over ours' time for decode,
+GB/s); ours' kernels one by one (PyTorch profiler); for decode the dispatcher's choice and its source.
+Then the registers, spills and shared memory of every compiled variant of the package's Triton kernels.
+Every case of ours is timed before any dense backend runs (slow dense runs leave the GPU slower for a
+while). The JSON (``--out``) is rewritten after every step, so a run cut short keeps what it measured;
+the Markdown table goes to stdout and next to the JSON (same name, ``.md``).
+
+Model M: Hq 32, Hkv 2, D 128, bf16, sw_index 65, search power 0.55 (float path), span power 0.55, bf 3,
+ff 1, topk 3; B 1 unless stated.
+
+Run on a GPU:  PYTHONPATH=. python benchmarks/targets.py --out targets.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import datetime
+import gc
+import json
+import math
+import re
+import subprocess
+import sys
+import time
+import traceback
+from collections.abc import Callable
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+import triton
+from decode_variants import api_call, kernel_times  # this folder's decode helpers
+from span_forward_tiles import bench, profile
+from whole_layer import ARGS, BF, BF16_FLOPS, FF, HQ, POWER, SPAN_POWER, SW_INDEX, TOPK, D, dense_times, inputs, warm_gpu
+from whole_layer import lower_bound as layer_bound
+
+from superlinear_ops import dispatch, torch_ops
+from superlinear_ops.layer_api import superlinear_attention
+from superlinear_ops.ops.inputs import Inputs
+from superlinear_ops.ops.spec import grouped_heads
+from superlinear_ops.problem import STAGED_DECODE, device_identity
+from superlinear_ops.tuner.bench import lower_bound as decode_bound
+from superlinear_ops.tuner.bench import time_backends, traffic
+from superlinear_ops.tuner.runner import ProblemBench, make_inputs, measure
+from superlinear_ops.tuner.workload import Case, load
+
+REPO = Path(__file__).resolve().parent.parent
+WORKLOAD = REPO / "tuning" / "superlinear-exp-v0.1.yaml"
+PREFILL = ((8192, 16384), (8192, 139264), (32768, 1048576), (32768, 10_000_000))
+TRAINING = (4096, 16384, 65536)
+DECODE_CONTEXTS = (4096, 65536, 262144, 1048576)
+DECODE_SINGLE = (*DECODE_CONTEXTS, 10_000_000)  # B = 1, no mask
+DECODE_BATCHES = (4, 16)  # without a mask and with 10% holes
+DENSE_PREFILL_KEYS = 2_000_000  # dense prefill beyond this many keys takes seconds per call: not run
+DECODE_BACKENDS = ("CUDNN_ATTENTION", "FLASH_ATTENTION")
+EXPAND_SHARE = 0.8  # K/V repeated to every query head only when the copy takes at most this share of free memory
+KERNELS_KEPT = 12  # profiler rows kept per prefill / training case
+
+
+@dataclasses.dataclass(frozen=True)
+class Target:
+    """One case of the table: its name, kind ('prefill', 'training' or 'decode') and shape."""
+
+    name: str
+    kind: str
+    queries: int
+    keys: int
+    batch: int = 1
+    holes: bool = False  # decode with a mask of 10% holes
+
+
+def all_targets() -> list[Target]:
+    """Every case of the table, in the order it runs."""
+    rows = [Target(f"prefill {lq} over {lkv}", "prefill", lq, lkv) for lq, lkv in PREFILL]
+    rows += [Target(f"training {n}", "training", n, n) for n in TRAINING]
+    rows += [Target(f"decode {n}", "decode", 1, n) for n in DECODE_SINGLE]
+    rows += [Target(f"decode {n}, B={b}" + (", 10% holes" if holes else ""), "decode", 1, n, b, holes)
+             for b in DECODE_BATCHES for n in DECODE_CONTEXTS for holes in (False, True)]
+    return rows
+
+
+def decode_case(target: Target, cases: dict[str, Case]) -> Case:
+    """The workload's decode case of ``target`` (a masked one restricted to the 'holes' mask)."""
+    label = f"decode {target.keys}" + (f", B={target.batch}" if target.batch > 1 else "")
+    if not target.holes:
+        return cases[label]
+    return dataclasses.replace(cases[f"{label}, mask ones/holes/left_padding"], mask_kinds=("holes",))
+
+
+def dense_columns(short: str, ms: float | None, reason: str | None) -> dict:
+    """``sdpa_<short>_ms`` (None when the backend did not run) and then ``sdpa_<short>_reason``."""
+    return {f"sdpa_{short}_ms": ms} if ms is not None else {f"sdpa_{short}_ms": None, f"sdpa_{short}_reason": reason}
+
+
+def layer_ours(target: Target) -> dict:
+    """Ours on a prefill or training case: the public op, the search alone, the bound, the kernels."""
+    training = target.kind == "training"
+    q1, q2, k, v, cp, _ = inputs(target.queries, target.keys, seed=4, grad=training)
+    grad = torch.randn(1, HQ, target.queries, D, device=k.device, dtype=torch.bfloat16)
+
+    def ours() -> None:
+        out = superlinear_attention(q1, q2, k, v, cp, None, **ARGS)
+        if training:
+            torch.autograd.grad(out, (q1, q2, k, v), grad)
+
+    def search() -> tuple[torch.Tensor, torch.Tensor]:
+        with torch.no_grad():
+            return torch_ops.layer_search(q1, k, cp, None, SW_INDEX, TOPK, BF, FF, SPAN_POWER, POWER, None)
+
+    row = {"ours_ms": bench(ours), "search_ms": bench(search)}
+    bound = layer_bound(target.queries, target.keys, training, search()[0], cp)
+    tflop = bound["attention_tflop"] + bound["search_tflop"]
+    row["bound"] = {**bound, "tflop": tflop}
+    row["throughput"] = {"value": tflop / (row["ours_ms"] * 1e-3), "unit": "TFLOP/s",
+                         "basis": "the bound's FLOPs (4 D per attended (query head, key) pair, x 3.5 for training, plus the "
+                                  "search's 2 D per (query head, stripe): whole_layer.lower_bound) / ours' time"}
+    row["kernels"] = profile(ours)[:KERNELS_KEPT]  # ms_per_call each; count over 5 calls
+    return row
+
+
+def layer_dense(target: Target) -> dict:
+    """Dense SDPA on a prefill or training case, cuDNN and flash forced (or why it is not run)."""
+    training = target.kind == "training"
+    if target.keys > DENSE_PREFILL_KEYS:
+        flop = 4 * D * HQ * target.queries * (target.keys - target.queries / 2)
+        reason = (f"not run: {flop / 1e15:.1f} PFLOP per call (at least {flop / BF16_FLOPS:.0f} s at 790 TFLOP/s; "
+                  f"about 10 s at the rates dense SDPA reaches)")
+        return {**dense_columns("cudnn", None, reason), **dense_columns("flash", None, reason)}
+    _, q2, k, v, _, _ = inputs(target.queries, target.keys, seed=4)
+    grad = torch.randn(1, HQ, target.queries, D, device=k.device, dtype=torch.bfloat16)
+    times = dense_times(q2, k, v, training, grad)
+    return {**dense_columns("cudnn", times.get("sdpa_cudnn_ms"), times.get("sdpa_cudnn_error")),
+            **dense_columns("flash", times.get("sdpa_flash_ms"), times.get("sdpa_flash_error"))}
+
+
+def decode_ours(case: Case, device: torch.device) -> dict:
+    """Ours on a decode case: the public step from a CUDA graph, its kernels, choice and bound."""
+    problem_bench = ProblemBench(case, device, seed=0)
+    explanation = dispatch.explain(case.problem)
+    choice = explanation.choice
+    if choice is None:
+        raise RuntimeError(explanation.text())
+    call = api_call(problem_bench)
+    row = {"error_vs_float64_reference": problem_bench.check(choice.variant, choice.config),
+           "ours_ms": measure(call, device, graph=True), "kernels_ms": kernel_times(call, device),
+           "choice": f"{choice.variant.name} {choice.config.text()}", "source": choice.source, "rule": explanation.rule}
+    ms, basis = decode_bound(case)
+    bytes_, flop = traffic(case)
+    row["bound"] = {"ms": ms if math.isfinite(ms) else None, "basis": basis, "gb": bytes_ / 1e9, "tflop": flop / 1e12}
+    row["throughput"] = {"value": bytes_ / 1e9 / (row["ours_ms"] * 1e-3), "unit": "GB/s",
+                         "basis": "the bound's bytes (the op's cost model, tuner.bench.traffic) / ours' time"}
+    return row
+
+
+def check_expansion_fits(x: Inputs, device: torch.device) -> None:
+    """Raise RuntimeError (``time_backends`` records it as the reason) when K/V repeated to every query
+    head would take more than ``EXPAND_SHARE`` of the free GPU memory."""
+    need = 2 * x.k.numel() * (x.q.shape[1] // x.k.shape[1]) * x.k.element_size()
+    free, _ = torch.cuda.mem_get_info(device)
+    if need > EXPAND_SHARE * free:
+        raise RuntimeError(f"not run: K/V repeated to {x.q.shape[1]} heads would take {need / 1e9:.0f} GB, "
+                           f"{free / 1e9:.0f} GB free")
+
+
+def decode_dense(case: Case, device: torch.device) -> dict:
+    """Dense SDPA on the decode case's inputs (the same as ours'), per backend forced, from a CUDA graph."""
+    x = make_inputs(case, device, seed=0)  # what ProblemBench(case, device, seed=0) times ours on
+    mask = None if x.mask is None else (x.mask[:, None, None, : x.k.shape[2]] != 0)
+
+    def make_call(expand: bool) -> Callable[[], torch.Tensor]:
+        if expand:
+            check_expansion_fits(x, device)
+        k, v = grouped_heads(x, expand)
+        return lambda: F.scaled_dot_product_attention(x.q, k, v, attn_mask=mask, enable_gqa=not expand)
+
+    times = time_backends(make_call, device, graph=True, backends=DECODE_BACKENDS)
+    row = {"sdpa_by_backend": times}
+    for short, backend in (("cudnn", "CUDNN_ATTENTION"), ("flash", "FLASH_ATTENTION")):
+        tried = {name: ms for name, ms in times.items() if name.startswith(backend)}
+        ran = [ms for ms in tried.values() if isinstance(ms, float)]
+        row.update(dense_columns(short, ran[0] if ran else None, "; ".join(f"{n}: {r}" for n, r in tried.items())))
+    return row
+
+
+def step(row: dict, what: str, fn: Callable[[], dict]) -> None:
+    """Merge ``fn()`` into ``row``; on failure record ``<what>_error`` and go on; free GPU memory after."""
+    try:
+        row.update(fn())
+    except Exception as exc:  # noqa: BLE001 - one failing case must not lose the others
+        row[f"{what}_error"] = f"{type(exc).__name__}: {exc}"[:600]
+        traceback.print_exc()
+    gc.collect()
+    torch.cuda.empty_cache()
+
+
+def compiled_kernels() -> list[dict]:
+    """Registers, spills and shared memory of every compiled variant of the package's Triton kernels."""
+    seen, rows = set(), []
+    for module_name, module in sorted(sys.modules.items()):
+        if not module_name.startswith("superlinear_ops") or module is None:
+            continue
+        for kernel in list(vars(module).values()):
+            if not isinstance(kernel, triton.runtime.JITFunction) or id(kernel) in seen:
+                continue
+            seen.add(id(kernel))
+            for cache in kernel.device_caches.values():
+                for compiled in cache[0].values():
+                    meta = compiled.metadata
+                    rows.append({"kernel": kernel.fn.__name__, "module": kernel.fn.__module__, "warps": meta.num_warps,
+                                 "stages": meta.num_stages, "registers": getattr(compiled, "n_regs", None),
+                                 "spills": getattr(compiled, "n_spills", None), "shared_bytes": meta.shared,
+                                 "constexprs": constexprs(compiled)})
+    return sorted(rows, key=lambda r: (r["kernel"], r["warps"], r["stages"]))
+
+
+def constexprs(compiled) -> dict:
+    """The integer and boolean compile-time arguments of a compiled kernel by name (its tile sizes)."""
+    src = getattr(compiled, "src", None)
+    names = getattr(getattr(src, "fn", None), "arg_names", [])
+    values = {}
+    for key, value in getattr(src, "constants", {}).items():
+        if isinstance(key, tuple) and len(key) == 1 and key[0] < len(names) and isinstance(value, (int, bool)):
+            values[names[key[0]]] = value
+    return values
+
+
+def git_state() -> dict:
+    """The checkout's short commit and whether tracked files differ from it (None without git)."""
+    def git(*args: str) -> str:
+        return subprocess.run(["git", *args], cwd=REPO, capture_output=True, text=True, check=True, timeout=30).stdout.strip()
+    try:
+        return {"commit": git("rev-parse", "--short", "HEAD"), "tree_modified": bool(git("status", "--porcelain", "--untracked-files=no"))}
+    except (OSError, subprocess.SubprocessError):
+        return {"commit": None, "tree_modified": None}
+
+
+def fmt(value: float | None, digits: int = 4) -> str:
+    """A number for the Markdown table ('-' for none)."""
+    return "-" if value is None else f"{value:.{digits}g}"
+
+
+def markdown(report: dict) -> str:
+    """The targets table, the notes on what did not run, and the compiled kernels, as Markdown."""
+    lines = [f"# Targets on {report['device']}", "",
+             f"torch {report['torch']}, triton {report['triton']}, commit {report['commit']}"
+             f"{' (modified)' if report['tree_modified'] else ''}, {report['date']}", "",
+             "| case | ours ms | SDPA cuDNN ms | SDPA flash ms | ours / cuDNN | bound ms | throughput | ours' choice |",
+             "| --- | ---: | ---: | ---: | ---: | ---: | ---: | --- |"]
+    notes = []
+    for name, row in report["rows"].items():
+        notes += [f"- {name}: {key}: {row[key]}" for key in row if key.endswith(("_error", "_reason"))]
+        throughput = row.get("throughput")
+        choice = f"{row['choice']} ({row['source']})" if "choice" in row else "-"
+        lines.append(f"| {name} | {fmt(row.get('ours_ms'))} | {fmt(row.get('sdpa_cudnn_ms'))} | {fmt(row.get('sdpa_flash_ms'))} "
+                     f"| {fmt(row.get('ours_over_cudnn'), 3)} | {fmt(row.get('bound', {}).get('ms'))} "
+                     f"| {fmt(throughput['value']) + ' ' + throughput['unit'] if throughput else '-'} | {choice} |")
+    lines += ["", "Ours / cuDNN below 1: ours is faster. Throughput: prefill and training the bound's FLOPs, decode its bytes, "
+              "over ours' time.", ""] + (["Not run or failed:", "", *notes, ""] if notes else [])
+    lines += ["| kernel | warps | stages | registers | spills | shared bytes |", "| --- | ---: | ---: | ---: | ---: | ---: |"]
+    lines += [f"| {k['kernel']} | {k['warps']} | {k['stages']} | {k['registers']} | {k['spills']} | {k['shared_bytes']} |"
+              for k in report.get("compiled_kernels", [])]
+    return "\n".join(lines) + "\n"
+
+
+def progress(name: str, phase: str, row: dict) -> None:
+    """One timestamped line on a case's finished phase ('ours' or 'dense')."""
+    if f"{phase}_error" in row:
+        text = row[f"{phase}_error"][:200]
+    elif phase == "ours":
+        text = (f"ours {fmt(row['ours_ms'])} ms, bound {fmt(row['bound']['ms'])} ms, "
+                f"{fmt(row['throughput']['value'])} {row['throughput']['unit']}")
+    else:
+        text = f"cuDNN {fmt(row['sdpa_cudnn_ms'])} ms, flash {fmt(row['sdpa_flash_ms'])} ms, ours / cuDNN {fmt(row.get('ours_over_cudnn'), 3)}"
+    print(f"[{time.strftime('%H:%M:%S')}] {name} ({phase}): {text}", flush=True)
+
+
+def save(report: dict, out: Path) -> None:
+    """Write ``report`` to ``out`` through a temporary file (a run killed mid-write keeps the last one)."""
+    tmp = out.with_name(out.name + ".tmp")
+    tmp.write_text(json.dumps(report, indent=1, default=str))
+    tmp.replace(out)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--out", type=Path, required=True, help="JSON file to write (the Markdown table goes next to it, .md)")
+    parser.add_argument("--cases", default="", help="only the cases whose name matches this regular expression, e.g. '^decode .*B=16'")
+    args = parser.parse_args()
+    try:
+        targets = [t for t in all_targets() if re.search(args.cases, t.name)]
+    except re.error as err:
+        parser.error(f"--cases: {err}")
+    if not targets:
+        parser.error(f"--cases {args.cases!r} matches none of: {'; '.join(t.name for t in all_targets())}")
+    if not torch.cuda.is_available():
+        raise SystemExit("targets.py needs a CUDA GPU; none is available")
+    device = torch.device("cuda")
+    cases = {c.label: c for c in load(WORKLOAD).cases(device_identity(device)) if c.problem.op == STAGED_DECODE}
+    report = {"device": torch.cuda.get_device_name(), "torch": torch.__version__, "triton": triton.__version__,
+              "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"), **git_state(),
+              "command": " ".join(sys.argv), "rows": {}}
+    rows = report["rows"]
+    warm_gpu()
+    for t in targets:  # every case of ours before any dense backend
+        rows[t.name] = {"kind": t.kind, "batch": t.batch, "queries": t.queries, "keys": t.keys, "mask": "10% holes" if t.holes else None}
+        ours = (lambda t=t: layer_ours(t)) if t.kind != "decode" else (lambda t=t: decode_ours(decode_case(t, cases), device))
+        step(rows[t.name], "ours", ours)
+        progress(t.name, "ours", rows[t.name])
+        save(report, args.out)
+    for t in targets:
+        row = rows[t.name]
+        dense = (lambda t=t: layer_dense(t)) if t.kind != "decode" else (lambda t=t: decode_dense(decode_case(t, cases), device))
+        step(row, "dense", dense)
+        if isinstance(row.get("ours_ms"), float) and isinstance(row.get("sdpa_cudnn_ms"), float):
+            row["ours_over_cudnn"] = row["ours_ms"] / row["sdpa_cudnn_ms"]
+        progress(t.name, "dense", row)
+        save(report, args.out)
+    report["compiled_kernels"] = compiled_kernels()
+    save(report, args.out)
+    table = markdown(report)
+    args.out.with_suffix(".md").write_text(table)
+    print(table, flush=True)
+
+
+if __name__ == "__main__":
+    main()
