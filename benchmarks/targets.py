@@ -15,10 +15,11 @@ Cases (``--cases REGEX`` keeps those whose name matches; default all):
 Per case: ours' median ms; SDPA's with the cuDNN and with the flash backend forced (or why it did not run);
 ours over cuDNN (below 1: ours is faster); the lower bound and its basis; the effective throughput (the
 bound's FLOPs over ours' time for prefill and training, TFLOP/s; its bytes over ours' time for decode,
-GB/s); ours' kernels one by one (PyTorch profiler); for decode the dispatcher's choice and its source.
-Then the registers, spills and shared memory of every compiled variant of the package's Triton kernels.
+GB/s); ours' kernels one by one (PyTorch profiler); training also replayed from a CUDA graph; for decode
+the dispatcher's choice and its source. Then the registers, spills and shared memory of every compiled variant of the package's Triton kernels.
 Every case of ours is timed before any dense backend runs (slow dense runs leave the GPU slower for a
 while). The JSON (``--out``) is rewritten after every step, so a run cut short keeps what it measured;
+at the end it also holds ``report_tables``, the run as tables for ``docs/benchmarks/<gpu>.json``;
 the Markdown table goes to stdout and next to the JSON (same name, ``.md``).
 
 Model M: Hq 32, Hkv 2, D 128, bf16, sw_index 65, search power 0.55 (float path), span power 0.55, bf 3,
@@ -48,7 +49,7 @@ import torch.nn.functional as F
 import triton
 from decode_variants import api_call, kernel_times  # this folder's decode helpers
 from span_forward_tiles import bench, profile
-from whole_layer import ARGS, BF, BF16_FLOPS, FF, HQ, POWER, SPAN_POWER, SW_INDEX, TOPK, D, dense_times, inputs, warm_gpu
+from whole_layer import ARGS, BF, BF16_FLOPS, FF, HQ, POWER, SPAN_POWER, SW_INDEX, TOPK, D, captured, dense_times, inputs, warm_gpu
 from whole_layer import lower_bound as layer_bound
 
 from superlinear_ops import dispatch, torch_ops
@@ -125,6 +126,8 @@ def layer_ours(target: Target) -> dict:
             return torch_ops.layer_search(q1, k, cp, None, SW_INDEX, TOPK, BF, FF, SPAN_POWER, POWER, None)
 
     row = {"ours_ms": bench(ours), "search_ms": bench(search)}
+    if training:  # the step without the host: where eager calls are host-bound, this is the GPU's time
+        row["ours_graph_ms"] = bench(captured(ours)[0].replay)
     bound = layer_bound(target.queries, target.keys, training, search()[0], cp)
     tflop = bound["attention_tflop"] + bound["search_tflop"]
     row["bound"] = {**bound, "tflop": tflop}
@@ -279,6 +282,54 @@ def markdown(report: dict) -> str:
     return "\n".join(lines) + "\n"
 
 
+def kernel_ms(row: dict, name: str) -> float | None:
+    """The profiled per-call milliseconds of the kernel whose name starts with ``name`` (None if absent)."""
+    return next((k["ms_per_call"] for k in row.get("kernels", []) if k["name"].startswith(name)), None)
+
+
+def report_tables(report: dict, commit: str) -> list[dict]:
+    """The run as tables of a GPU's benchmark report (``superlinear_ops.tuner.report``'s schema): the
+    whole layer's prefill and training in ms, decode in us (those the run has rows for); ``commit`` is
+    the commit the run measured."""
+    date, command = report["date"][:10], "PYTHONPATH=. python benchmarks/targets.py --out targets.json"
+    rows = report["rows"].items()
+    layer = {kind: [{"case": name, "ours": row.get("ours_ms"), "bound": row.get("bound", {}).get("ms"),
+                     "dense": row.get("sdpa_cudnn_ms"), "flash": row.get("sdpa_flash_ms"), "search": row.get("search_ms"),
+                     "span_tiles": kernel_ms(row, "span_tile_kernel"), "graph": row.get("ours_graph_ms"),
+                     "tflops": f"{row['throughput']['value']:.0f}"}
+                    for name, row in rows if row["kind"] == kind and "ours_ms" in row] for kind in ("prefill", "training")}
+
+    def us(ms: float | None) -> float | None:
+        return None if ms is None else 1e3 * ms
+
+    decode = [{"case": name, "ours": us(row["ours_ms"]), "bound": us(row["bound"]["ms"]),
+               "dense": us(row.get("sdpa_cudnn_ms")), "flash": us(row.get("sdpa_flash_ms")), "variant": row["choice"].split()[0],
+               "gbs": f"{row['throughput']['value']:.0f}", "error": f"{row['error_vs_float64_reference']:.1e}"}
+              for name, row in rows if row["kind"] == "decode" and "ours_ms" in row]
+    shared = {"date": date, "commit": commit, "command": command, "dense_backend": "cuDNN"}
+    layer_table = {**shared, "units": "ms", "bound": "max(bytes / 4.3 TB/s, FLOPs / 790 TFLOP/s) (whole_layer.lower_bound)"}
+    columns = {"flash": "dense (flash)", "search": "search alone", "span_tiles": "span tiles kernel"}
+    throughput_note = "TFLOP/s: the bound's FLOPs (attended pairs and stripe scores) over ours' time."
+    tables = [
+        {**layer_table, "title": "Targets: whole layer, prefill (`superlinear_attention`)",
+         "columns": {**columns, "tflops": "TFLOP/s"}, "rows": layer["prefill"],
+         "notes": ["Eager calls (do_bench medians, L2 flushed). Dense: the chunk over the prefix plus the chunk over "
+                   "itself, causal; not run at 10M keys (about 5 PFLOP a call).", throughput_note]},
+        {**layer_table, "title": "Targets: whole layer, training (forward + backward)",
+         "columns": {**columns, "graph": "ours, CUDA graph", "tflops": "TFLOP/s"}, "rows": layer["training"],
+         "notes": ["Eager steps (do_bench medians, L2 flushed), and the same step replayed from a CUDA graph: the "
+                   "GPU's time where an eager step waits for the host. Dense: causal.", throughput_note]},
+        {**shared, "title": "Targets: decode step at B 1, 4 and 16", "units": "us",
+         "bound": "the op's bytes over the GPU's copy bandwidth (tuner.bench.lower_bound)",
+         "columns": {"flash": "dense (flash)", "variant": "variant", "gbs": "GB/s", "error": "error vs float64"},
+         "notes": ["Replayed CUDA graph of the public decode step with the shipped entries (do_bench median, L2 "
+                   "flushed); dense SDPA from a CUDA graph on the same inputs. The flash backend takes no mask.",
+                   "GB/s: the bound's bytes over ours' time."],
+         "rows": decode},
+    ]
+    return [table for table in tables if table["rows"]]
+
+
 def progress(name: str, phase: str, row: dict) -> None:
     """One timestamped line on a case's finished phase ('ours' or 'dense')."""
     if f"{phase}_error" in row:
@@ -301,6 +352,7 @@ def save(report: dict, out: Path) -> None:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--out", type=Path, required=True, help="JSON file to write (the Markdown table goes next to it, .md)")
+    parser.add_argument("--commit", help="the commit measured, for the report tables (default: git's HEAD here)")
     parser.add_argument("--cases", default="", help="only the cases whose name matches this regular expression, e.g. '^decode .*B=16'")
     args = parser.parse_args()
     try:
@@ -333,6 +385,7 @@ def main() -> None:
         progress(t.name, "dense", row)
         save(report, args.out)
     report["compiled_kernels"] = compiled_kernels()
+    report["report_tables"] = report_tables(report, args.commit or report["commit"] or "unknown")
     save(report, args.out)
     table = markdown(report)
     args.out.with_suffix(".md").write_text(table)
