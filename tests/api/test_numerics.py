@@ -94,6 +94,19 @@ def _poison_tail(k: torch.Tensor, v: torch.Tensor, first: int) -> tuple[torch.Te
     return k, v
 
 
+def _assert_every_pair_matches(q, k, v, qstart, qend, cp, window, grad, expected, expected_grads) -> None:
+    """Every span-forward variant's output, and every backward variant's dQ, dK, dV after it, equal
+    the expected ones (rtol 1e-4, atol 1e-5)."""
+    for variant in _variants(SPAN_FORWARD, _span_problem(SPAN_FORWARD, q, k)):
+        out, lse = _launch_forward(variant, q, k, v, qstart, qend, cp, window)
+        torch.testing.assert_close(out.double(), expected, rtol=1e-4, atol=1e-5, msg=variant.qualified_name)
+        for backward in _variants(SPAN_BACKWARD, _span_problem(SPAN_BACKWARD, q, k)):
+            grads = _launch_backward(backward, q, k, v, qstart, qend, cp, window, out, lse, grad)
+            for name, g, e in zip(("dQ", "dK", "dV"), grads, expected_grads):
+                torch.testing.assert_close(g.double(), e, rtol=1e-4, atol=1e-5,
+                                           msg=f"{variant.qualified_name} + {backward.qualified_name}: {name}")
+
+
 def test_unattended_nan_never_leaks_span_forward_and_backward() -> None:
     """NaN/Inf in K and V past every query's position (a static-cache tail) and at a key no span or
     window covers: every forward and backward variant equals the reference on clean data."""
@@ -105,14 +118,7 @@ def test_unattended_nan_never_leaks_span_forward_and_backward() -> None:
     grad = torch.randn(expected.shape, generator=torch.Generator().manual_seed(5))
     expected_grads = span_backward_reference(q.double(), k.double(), v.double(), qstart, qend, cp, None, window,
                                              grad.double())
-    for variant in _variants(SPAN_FORWARD, _span_problem(SPAN_FORWARD, q, k)):
-        out, lse = _launch_forward(variant, q, bad_k, bad_v, qstart, qend, cp, window)
-        torch.testing.assert_close(out.double(), expected, rtol=1e-4, atol=1e-5, msg=variant.qualified_name)
-        for backward in _variants(SPAN_BACKWARD, _span_problem(SPAN_BACKWARD, q, k)):
-            grads = _launch_backward(backward, q, bad_k, bad_v, qstart, qend, cp, window, out, lse, grad)
-            for name, g, e in zip(("dQ", "dK", "dV"), grads, expected_grads):
-                torch.testing.assert_close(g.double(), e, rtol=1e-4, atol=1e-5,
-                                           msg=f"{variant.qualified_name} + {backward.qualified_name}: {name}")
+    _assert_every_pair_matches(q, bad_k, bad_v, qstart, qend, cp, window, grad, expected, expected_grads)
 
 
 def test_unattended_nan_never_leaks_through_the_api() -> None:
@@ -162,14 +168,7 @@ def test_spans_overlapping_the_window_match_on_every_variant() -> None:
     grad = torch.randn(expected.shape, generator=torch.Generator().manual_seed(9))
     expected_grads = span_backward_reference(q.double(), k.double(), v.double(), qstart, qend, cp, None, window,
                                              grad.double())
-    for variant in _variants(SPAN_FORWARD, _span_problem(SPAN_FORWARD, q, k)):
-        out, lse = _launch_forward(variant, q, k, v, qstart, qend, cp, window)
-        torch.testing.assert_close(out.double(), expected, rtol=1e-4, atol=1e-5, msg=variant.qualified_name)
-        for backward in _variants(SPAN_BACKWARD, _span_problem(SPAN_BACKWARD, q, k)):
-            grads = _launch_backward(backward, q, k, v, qstart, qend, cp, window, out, lse, grad)
-            for name, g, e in zip(("dQ", "dK", "dV"), grads, expected_grads):
-                torch.testing.assert_close(g.double(), e, rtol=1e-4, atol=1e-5,
-                                           msg=f"{variant.qualified_name} + {backward.qualified_name}: {name}")
+    _assert_every_pair_matches(q, k, v, qstart, qend, cp, window, grad, expected, expected_grads)
 
 
 # --- decode -------------------------------------------------------------------------------------

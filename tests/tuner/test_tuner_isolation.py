@@ -16,6 +16,7 @@ import time
 import pytest
 import torch
 from optuna.trial import TrialState
+from planted_decode import correct_decode, planted_decode_variant, register_once
 from test_tuner import DECODE_ONLY as WORKLOAD
 from triton.compiler.errors import CompilationError
 from triton.runtime.errors import InterpreterError, OutOfResources
@@ -27,10 +28,8 @@ from superlinear_ops.cache.store import Store
 from superlinear_ops.cli import main
 from superlinear_ops.launch import KernelConfig
 from superlinear_ops.ops.rules import no_check, triton_reasons
-from superlinear_ops.ops.span_attention.variants import triton_forward
-from superlinear_ops.ops.staged_decode.variants import staged_decode_with
 from superlinear_ops.problem import STAGED_DECODE, device_identity
-from superlinear_ops.registry import REGISTRY, Param, Variant
+from superlinear_ops.registry import REGISTRY, Variant
 from superlinear_ops.tuner import faults
 from superlinear_ops.tuner.runner import CandidateFailed, ProblemBench
 from superlinear_ops.tuner.search import SearchSettings, open_study, params_of
@@ -45,7 +44,6 @@ OK, SEGV, HANG, WRONG, COMPILE, RESOURCES = range(1, 7)  # config values are pos
 EXPECTED = {SEGV: faults.CRASH, HANG: faults.TIMEOUT, WRONG: faults.WRONG_NUMBERS, COMPILE: faults.COMPILE_ERROR,
             RESOURCES: faults.RESOURCE_LIMIT}
 TIMEOUT_S = 8.0  # per candidate; a correct one takes well under a second here
-_decode = staged_decode_with(triton_forward)
 
 
 def _planted_launch(q1, q2, k, v, cache_position, mask, settings, config):
@@ -62,22 +60,16 @@ def _planted_launch(q1, q2, k, v, cache_position, mask, settings, config):
         raise CompilationError(None, ast.Pass(), "planted: unsupported tile shape")
     if fault == RESOURCES:
         raise OutOfResources(262144, 232448, "shared memory")
-    out = _decode(q1, q2, k, v, cache_position, mask, settings, KernelConfig(block_k=config["block_k"], num_warps=4, num_stages=2))
+    out = correct_decode(q1, q2, k, v, cache_position, mask, settings, config)
     return out * 1.5 + 0.25 if fault == WRONG else out
 
 
-PLANTED = Variant(
-    op=STAGED_DECODE, name=NAME, launch=_planted_launch,
-    space=(Param("block_k", (16, 32)), Param("fault", tuple(range(1, 7))), Param("num_warps", (4,)), Param("num_stages", (2,))),
-    reasons=triton_reasons, compile_check=no_check,
-    default=lambda problem: KernelConfig(block_k=16, fault=OK, num_warps=4, num_stages=2), priority=-1,
-)
+PLANTED = planted_decode_variant(NAME, _planted_launch, tuple(range(1, 7)))
 
 
 def register_planted() -> None:
     """Worker setup (and the test's own): register the planted variant once."""
-    if NAME not in {v.name for v in REGISTRY.variants(STAGED_DECODE)}:
-        REGISTRY.register(PLANTED)
+    register_once(PLANTED)
 
 
 @pytest.fixture

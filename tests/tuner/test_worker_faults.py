@@ -13,17 +13,15 @@ import traceback
 import pytest
 import torch
 from optuna.trial import TrialState
+from planted_decode import correct_decode, planted_decode_variant, register_once
 from test_tuner import DECODE_ONLY as WORKLOAD
 
 from superlinear_ops import dispatch
 from superlinear_ops.buckets import key_of
 from superlinear_ops.cache.store import Store
 from superlinear_ops.launch import KernelConfig
-from superlinear_ops.ops.rules import no_check, triton_reasons
-from superlinear_ops.ops.span_attention.variants import triton_forward
-from superlinear_ops.ops.staged_decode.variants import staged_decode_with
 from superlinear_ops.problem import STAGED_DECODE, device_identity
-from superlinear_ops.registry import REGISTRY, Param, Variant
+from superlinear_ops.registry import REGISTRY
 from superlinear_ops.tuner import faults
 from superlinear_ops.tuner.search import SearchSettings, open_study, params_of
 from superlinear_ops.tuner.tune import open_storage, tune
@@ -35,7 +33,6 @@ OK, STICKY = 1, 2
 STICKY_TEXT = "CUDA error: an illegal memory access was encountered"
 SLOW_S = 0.05  # added to each launch of block_k=16 (the default): the candidates after a fault are faster
 CPU = torch.device("cpu")
-_decode = staged_decode_with(triton_forward)
 _context_broken = False  # set in a worker process by a sticky fault, as a real one breaks its CUDA context
 
 
@@ -47,21 +44,15 @@ def _launch(q1, q2, k, v, cache_position, mask, settings, config):
         raise RuntimeError(STICKY_TEXT)
     if config["block_k"] == 16:
         time.sleep(SLOW_S)
-    return _decode(q1, q2, k, v, cache_position, mask, settings, KernelConfig(block_k=config["block_k"], num_warps=4, num_stages=2))
+    return correct_decode(q1, q2, k, v, cache_position, mask, settings, config)
 
 
-PLANTED = Variant(
-    op=STAGED_DECODE, name=NAME, launch=_launch,
-    space=(Param("block_k", (16, 32)), Param("fault", (OK, STICKY)), Param("num_warps", (4,)), Param("num_stages", (2,))),
-    reasons=triton_reasons, compile_check=no_check,
-    default=lambda problem: KernelConfig(block_k=16, fault=OK, num_warps=4, num_stages=2), priority=-1,
-)
+PLANTED = planted_decode_variant(NAME, _launch, (OK, STICKY))
 
 
 def register() -> None:
     """Worker setup (and the test's own): register the planted variant once."""
-    if NAME not in {v.name for v in REGISTRY.variants(STAGED_DECODE)}:
-        REGISTRY.register(PLANTED)
+    register_once(PLANTED)
 
 
 @pytest.fixture
