@@ -45,15 +45,16 @@ def masked_case(context: int, kind: str | None) -> Case:
     return dataclasses.replace(base, problem=problem, mask_kinds=(kind,) if kind else ())
 
 
-def sdpa_times(x: Inputs, device: torch.device) -> dict[str, float | str]:
-    """Median graph-replay ms of dense SDPA per backend forced (its reason where it cannot run)."""
+def sdpa_times(x: Inputs, device: torch.device, backends: tuple[str, ...] = BACKENDS) -> dict[str, float | str]:
+    """Median graph-replay ms of dense SDPA with the inputs' mask per backend forced (its reason where
+    it cannot run, e.g. out of memory for K/V repeated to every query head)."""
     mask = None if x.mask is None else (x.mask[:, None, None, : x.k.shape[2]] != 0)
 
     def call(expand):
         k, v = grouped_heads(x, expand)
         return lambda: F.scaled_dot_product_attention(x.q, k, v, attn_mask=mask, enable_gqa=not expand)
 
-    return time_backends(call, device, graph=True, backends=BACKENDS)
+    return time_backends(call, device, graph=True, backends=backends)
 
 
 def replay_vs_eager(call, x: Inputs, device: torch.device, steps: int = 3) -> float:

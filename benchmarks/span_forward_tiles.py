@@ -228,24 +228,54 @@ def run_case(name, lq, lkv, gen, dev):
     return res
 
 
+def compiled_variants(kernels):
+    """(kernel, compiled variant) for every variant of ``kernels`` (Triton JIT functions) compiled in this process."""
+    for kernel in kernels:
+        for device_cache in kernel.device_caches.values():
+            for compiled in device_cache[0].values():
+                yield kernel, compiled
+
+
+def constexprs(compiled) -> dict:
+    """The integer and boolean compile-time arguments of a compiled kernel by name (its tile sizes)."""
+    src = getattr(compiled, "src", None)
+    names = getattr(getattr(src, "fn", None), "arg_names", [])
+    values = {}
+    for key, value in getattr(src, "constants", {}).items():
+        if isinstance(key, tuple) and len(key) == 1 and key[0] < len(names) and isinstance(value, (int, bool)):
+            values[names[key[0]]] = value
+    return values
+
+
+def kernel_registers(kernels) -> list[dict]:
+    """Registers, spill stores, shared memory and compile-time arguments of every compiled variant of
+    ``kernels`` (a variant never launched has no register figures yet: None)."""
+    rows = []
+    for kernel, compiled in compiled_variants(kernels):
+        meta = compiled.metadata
+        rows.append({"kernel": kernel.fn.__name__, "module": kernel.fn.__module__, "warps": meta.num_warps,
+                     "stages": meta.num_stages, "registers": getattr(compiled, "n_regs", None),
+                     "spills": getattr(compiled, "n_spills", None), "shared_bytes": meta.shared,
+                     "constexprs": constexprs(compiled)})
+    return sorted(rows, key=lambda r: (r["kernel"], r["warps"], r["stages"]))
+
+
 def compiled_info(out_dir):
     """Registers, spills, shared memory and matrix instructions of every compiled variant."""
     info = []
-    for fn in (window_attention_kernel, span_tile_kernel):
-        for device_cache in fn.device_caches.values():
-            for i, ck in enumerate(device_cache[0].values()):
-                ptx, ttgir = ck.asm.get("ptx", ""), ck.asm.get("ttgir", "")
-                meta = ck.metadata
-                entry = {
-                    "kernel": fn.__name__, "num_warps": meta.num_warps, "num_stages": meta.num_stages,
-                    "shared": meta.shared, "n_regs": getattr(ck, "n_regs", None), "n_spills": getattr(ck, "n_spills", None),
-                    "wgmma_ptx": ptx.count("wgmma.mma_async"), "mma_sync_ptx": ptx.count("mma.sync"),
-                    "warp_group_dot_ttgir": ttgir.count("warp_group_dot"),
-                }
-                info.append(entry)
-                if out_dir:
-                    (out_dir / f"{fn.__name__}_{i}.ptx").write_text(ptx)
-                    (out_dir / f"{fn.__name__}_{i}.ttgir").write_text(ttgir)
+    for i, (fn, ck) in enumerate(compiled_variants((window_attention_kernel, span_tile_kernel))):
+        ptx, ttgir = ck.asm.get("ptx", ""), ck.asm.get("ttgir", "")
+        meta = ck.metadata
+        entry = {
+            "kernel": fn.__name__, "num_warps": meta.num_warps, "num_stages": meta.num_stages,
+            "shared": meta.shared, "n_regs": getattr(ck, "n_regs", None), "n_spills": getattr(ck, "n_spills", None),
+            "wgmma_ptx": ptx.count("wgmma.mma_async"), "mma_sync_ptx": ptx.count("mma.sync"),
+            "warp_group_dot_ttgir": ttgir.count("warp_group_dot"),
+        }
+        info.append(entry)
+        if out_dir:
+            (out_dir / f"{fn.__name__}_{i}.ptx").write_text(ptx)
+            (out_dir / f"{fn.__name__}_{i}.ttgir").write_text(ttgir)
     return info
 
 

@@ -9,8 +9,8 @@ Cases (``--cases REGEX`` keeps those whose name matches; default all):
 - decode: one step, B = 1 over 4K, 64K, 256K, 1M and 10M keys without a mask; B = 4 and B = 16 over 4K,
   64K, 256K and 1M keys without a mask and with 10% holes. Ours: the public decode step (the dispatcher's
   choice, checked against the float64 reference first) replayed from a CUDA graph. Dense: SDPA on the same
-  inputs with grouped heads, or with K/V repeated to every query head where a backend needs that and the
-  copy fits in the free GPU memory.
+  inputs with grouped heads, or with K/V repeated to every query head where a backend needs that (out of
+  memory for the copy: the reason recorded).
 
 Per case: ours' median ms; SDPA's with the cuDNN and with the flash backend forced (or why it did not run);
 ours over cuDNN (below 1: ours is faster); the lower bound and its basis; the effective throughput (the
@@ -45,20 +45,18 @@ from collections.abc import Callable
 from pathlib import Path
 
 import torch
-import torch.nn.functional as F
 import triton
-from decode_variants import api_call, kernel_times  # this folder's decode helpers
-from span_forward_tiles import bench, profile
+from decode_masks import sdpa_times  # this folder's decode helpers
+from decode_variants import api_call, kernel_times
+from span_forward_tiles import bench, kernel_registers, profile
 from whole_layer import ARGS, BF, BF16_FLOPS, FF, HQ, POWER, SPAN_POWER, SW_INDEX, TOPK, D, captured, dense_times, inputs, warm_gpu
 from whole_layer import lower_bound as layer_bound
 
 from superlinear_ops import dispatch, torch_ops
 from superlinear_ops.layer_api import superlinear_attention
-from superlinear_ops.ops.inputs import Inputs
-from superlinear_ops.ops.spec import grouped_heads
 from superlinear_ops.problem import STAGED_DECODE, device_identity
 from superlinear_ops.tuner.bench import lower_bound as decode_bound
-from superlinear_ops.tuner.bench import time_backends, traffic
+from superlinear_ops.tuner.bench import traffic
 from superlinear_ops.tuner.runner import ProblemBench, make_inputs, measure
 from superlinear_ops.tuner.workload import Case, load
 
@@ -71,7 +69,6 @@ DECODE_SINGLE = (*DECODE_CONTEXTS, 10_000_000)  # B = 1, no mask
 DECODE_BATCHES = (4, 16)  # without a mask and with 10% holes
 DENSE_PREFILL_KEYS = 2_000_000  # dense prefill beyond this many keys takes seconds per call: not run
 DECODE_BACKENDS = ("CUDNN_ATTENTION", "FLASH_ATTENTION")
-EXPAND_SHARE = 0.8  # K/V repeated to every query head only when the copy takes at most this share of free memory
 KERNELS_KEPT = 12  # profiler rows kept per prefill / training case
 
 
@@ -172,28 +169,10 @@ def decode_ours(case: Case, device: torch.device) -> dict:
     return row
 
 
-def check_expansion_fits(x: Inputs, device: torch.device) -> None:
-    """Raise RuntimeError (``time_backends`` records it as the reason) when K/V repeated to every query
-    head would take more than ``EXPAND_SHARE`` of the free GPU memory."""
-    need = 2 * x.k.numel() * (x.q.shape[1] // x.k.shape[1]) * x.k.element_size()
-    free, _ = torch.cuda.mem_get_info(device)
-    if need > EXPAND_SHARE * free:
-        raise RuntimeError(f"not run: K/V repeated to {x.q.shape[1]} heads would take {need / 1e9:.0f} GB, "
-                           f"{free / 1e9:.0f} GB free")
-
-
 def decode_dense(case: Case, device: torch.device) -> dict:
     """Dense SDPA on the decode case's inputs (the same as ours'), per backend forced, from a CUDA graph."""
     x = make_inputs(case, device, seed=0)  # what ProblemBench(case, device, seed=0) times ours on
-    mask = None if x.mask is None else (x.mask[:, None, None, : x.k.shape[2]] != 0)
-
-    def make_call(expand: bool) -> Callable[[], torch.Tensor]:
-        if expand:
-            check_expansion_fits(x, device)
-        k, v = grouped_heads(x, expand)
-        return lambda: F.scaled_dot_product_attention(x.q, k, v, attn_mask=mask, enable_gqa=not expand)
-
-    times = time_backends(make_call, device, graph=True, backends=DECODE_BACKENDS)
+    times = sdpa_times(x, device, backends=DECODE_BACKENDS)
     row = {"sdpa_by_backend": times}
     for short, backend in (("cudnn", "CUDNN_ATTENTION"), ("flash", "FLASH_ATTENTION")):
         tried = {name: ms for name, ms in times.items() if name.startswith(backend)}
@@ -215,33 +194,9 @@ def step(row: dict, what: str, fn: Callable[[], dict]) -> None:
 
 def compiled_kernels() -> list[dict]:
     """Registers, spills and shared memory of every compiled variant of the package's Triton kernels."""
-    seen, rows = set(), []
-    for module_name, module in sorted(sys.modules.items()):
-        if not module_name.startswith("superlinear_ops") or module is None:
-            continue
-        for kernel in list(vars(module).values()):
-            if not isinstance(kernel, triton.runtime.JITFunction) or id(kernel) in seen:
-                continue
-            seen.add(id(kernel))
-            for cache in kernel.device_caches.values():
-                for compiled in cache[0].values():
-                    meta = compiled.metadata
-                    rows.append({"kernel": kernel.fn.__name__, "module": kernel.fn.__module__, "warps": meta.num_warps,
-                                 "stages": meta.num_stages, "registers": getattr(compiled, "n_regs", None),
-                                 "spills": getattr(compiled, "n_spills", None), "shared_bytes": meta.shared,
-                                 "constexprs": constexprs(compiled)})
-    return sorted(rows, key=lambda r: (r["kernel"], r["warps"], r["stages"]))
-
-
-def constexprs(compiled) -> dict:
-    """The integer and boolean compile-time arguments of a compiled kernel by name (its tile sizes)."""
-    src = getattr(compiled, "src", None)
-    names = getattr(getattr(src, "fn", None), "arg_names", [])
-    values = {}
-    for key, value in getattr(src, "constants", {}).items():
-        if isinstance(key, tuple) and len(key) == 1 and key[0] < len(names) and isinstance(value, (int, bool)):
-            values[names[key[0]]] = value
-    return values
+    kernels = {id(k): k for name, module in sys.modules.items() if name.startswith("superlinear_ops") and module
+               for k in vars(module).values() if isinstance(k, triton.runtime.JITFunction)}
+    return kernel_registers(kernels.values())
 
 
 def git_state() -> dict:

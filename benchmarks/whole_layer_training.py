@@ -20,7 +20,7 @@ import sys
 
 import torch
 import triton
-from span_forward_tiles import profile
+from span_forward_tiles import kernel_registers, profile
 from whole_layer import ARGS, HQ, D, check_case, inputs, original_module, target_case  # this folder's helpers
 
 from superlinear_ops.layer_api import superlinear_attention
@@ -47,14 +47,7 @@ def training_row(n: int, original) -> dict:
 
 def registers() -> list[dict]:
     """Registers and spill stores of every compiled variant of the backward kernels in this process."""
-    rows = []
-    for kernel in BACKWARD_KERNELS:
-        for cache in kernel.device_caches.values():
-            for compiled in cache[0].values():
-                meta = compiled.metadata
-                rows.append({"kernel": kernel.fn.__name__, "warps": meta.num_warps, "stages": meta.num_stages,
-                             "registers": compiled.n_regs, "spills": compiled.n_spills, "shared_bytes": meta.shared})
-    return rows
+    return kernel_registers(BACKWARD_KERNELS)
 
 
 def sanitize() -> str:
