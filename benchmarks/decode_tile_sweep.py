@@ -1,7 +1,8 @@
 """Sweep a chunked decode variant's tiles on a GPU beside the dispatcher's choice, in one run.
 
 For each of model M's decode problems whose label matches ``--cases`` (the workload's labels, masked
-problems included), every configuration of ``--variant`` (grouped, stripe_spans or group_spans) in the product of
+problems included), every configuration of ``--variant`` (a decode variant that tunes ``chunk``: grouped, stripe_spans
+or group_spans) in the product of
 ``--chunks`` x ``--block-k`` x ``--warps`` x ``--stages`` is checked against the float64 reference and
 timed as the tuner times it (``ProblemBench``: a replayed CUDA graph, L2 flushed, the mean over the
 problem's mask kinds and fills), beside the dispatcher's choice (the shipped file with a clean user
@@ -30,6 +31,8 @@ from superlinear_ops.tuner.bench import lower_bound
 from superlinear_ops.tuner.runner import ProblemBench, run
 from superlinear_ops.tuner.workload import load
 
+CHUNKED = tuple(v.name for v in REGISTRY.variants(STAGED_DECODE) if any(p.name == "chunk" for p in v.space))
+
 
 def parse_args() -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -37,7 +40,7 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--workload", default="tuning/superlinear-exp-v0.1.yaml")
     parser.add_argument("--device", default="cuda", help="cuda, or cpu under TRITON_INTERPRET=1 (a smoke run)")
     parser.add_argument("--cases", default="^decode (65536|1048576)", help="regex over the workload's decode labels")
-    parser.add_argument("--variant", default="grouped", choices=("grouped", "stripe_spans", "group_spans"))
+    parser.add_argument("--variant", default="grouped", choices=CHUNKED, help="a decode variant that tunes chunk")
     parser.add_argument("--chunks", type=int, nargs="+", default=None,
                         help="span chunk lengths (default: the dispatcher's choice's, else the variant default's)")
     parser.add_argument("--block-k", type=int, nargs="+", default=[32, 64])

@@ -80,20 +80,24 @@ def layouts(workload_path: str, identity, only: str | None) -> list[Case]:
     return unique_cases([small_case(c) for c in load(workload_path).cases(identity, only)])
 
 
-def items(case: Case) -> list[tuple[Variant, KernelConfig]]:
+def items(case: Case, variants: str | None = None) -> list[tuple[Variant, KernelConfig]]:
     """(variant, configuration) pairs the sweep runs for ``case``: each applicable variant's covering
-    set, less what its static check rules out on this GPU."""
+    set (only the variants whose name ``variants`` matches, when given), less what its declared
+    constraints or its static check rule out on this GPU."""
     out = []
     for variant in REGISTRY.variants(case.problem.op):
+        if variants is not None and not re.search(variants, variant.name):
+            continue
         if variant.not_supported_reasons(case.problem):
             continue
         for config in covering_configs(variant, variant.default(case.problem)):
-            if variant.compile_check(case.problem, config) is None:
+            if variant.violation(config) is None and variant.compile_check(case.problem, config) is None:
                 out.append((variant, config))
     return out
 
 
-def run_child(workload_path: str, label: str, key: str, start: int, stop: int, device: torch.device) -> int:
+def run_child(workload_path: str, label: str, key: str, start: int, stop: int, device: torch.device,
+              variants: str | None = None) -> int:
     """The child's job: run the items ``start:stop`` of the problem ``label`` whose small case has the
     problem key ``key``, one marker line each."""
     # Among all the workload's problems, not its layouts: in the whole workload another problem may stand for
@@ -101,7 +105,7 @@ def run_child(workload_path: str, label: str, key: str, start: int, stop: int, d
     case = next(small for c in load(workload_path).cases(device_identity(device), None)
                 if c.label == label and key_of((small := small_case(c)).problem).text() == key)
     bench = ProblemBench(case, device, seed=0)
-    for index, (variant, config) in list(enumerate(items(case)))[start:stop]:
+    for index, (variant, config) in list(enumerate(items(case, variants)))[start:stop]:
         print(f"{ITEM} {index} {variant.qualified_name} {config.text()}", flush=True)
         try:
             for _ in range(REPEATS):
@@ -130,9 +134,10 @@ class SweepRow:
 
 
 def _child_command(sanitizer: str | None, tool: str, workload_path: str, case: Case, start: int, stop: int,
-                   device: str) -> list[str]:
+                   device: str, variants: str | None) -> list[str]:
     child = [sys.executable, "-m", "superlinear_ops.tuner.sanitize", workload_path, "--child", case.label,
-             "--key", key_of(case.problem).text(), "--start", str(start), "--stop", str(stop), "--device", device]
+             "--key", key_of(case.problem).text(), "--start", str(start), "--stop", str(stop), "--device", device,
+             *(["--variants", variants] if variants is not None else [])]
     return child if sanitizer is None else [sanitizer, "--tool", tool, "--print-limit", "20", *child]
 
 
@@ -158,10 +163,10 @@ def _read_child(command: list[str], rows: list[SweepRow], progress) -> tuple[int
 
 
 def sweep_range(rows: list[SweepRow], case: Case, start: int, stop: int, workload_path: str, tool: str,
-                device: str, sanitizer: str | None, progress) -> None:
+                device: str, sanitizer: str | None, progress, variants: str | None = None) -> None:
     """Fill ``rows[start:stop]`` of one layout, restarting the child after an item that ended it."""
     while start < stop:
-        command = _child_command(sanitizer, tool, workload_path, case, start, stop, device)
+        command = _child_command(sanitizer, tool, workload_path, case, start, stop, device, variants)
         current, last, status, tail = _read_child(command, rows, progress)
         if last == stop - 1:
             return
@@ -173,20 +178,22 @@ def sweep_range(rows: list[SweepRow], case: Case, start: int, stop: int, workloa
 
 
 def sanitize(workload_path: str, device: str, tool: str = "memcheck", only: str | None = None,
-             progress_bar: bool = True, jobs: int = 1) -> list[SweepRow]:
-    """The sweep over every layout of the workload (see the module docstring), ``jobs`` children at once."""
+             progress_bar: bool = True, jobs: int = 1, variants: str | None = None) -> list[SweepRow]:
+    """The sweep over every layout of the workload (see the module docstring), ``jobs`` children at
+    once, over the variants whose name ``variants`` matches (all when None)."""
     sanitizer = shutil.which("compute-sanitizer") if device == "cuda" else None
     if sanitizer is None:
         log.warning("compute-sanitizer not used (%s): a dry run of the configurations' correctness only",
                     "no GPU" if device != "cuda" else "not on PATH")
     cases = layouts(workload_path, device_identity(torch.device(device)), only)
-    tables = [[SweepRow(c.label, v.qualified_name, k.text()) for v, k in items(c)] for c in cases]
+    tables = [[SweepRow(c.label, v.qualified_name, k.text()) for v, k in items(c, variants)] for c in cases]
     chunks = [(rows, case, start, min(start + CHUNK, len(rows)))
               for case, rows in zip(cases, tables) for start in range(0, len(rows), CHUNK)]
     began = time.time()
     with tqdm(total=sum(map(len, tables)), unit="config", disable=not progress_bar) as progress, \
             ThreadPoolExecutor(max(1, jobs)) as pool:
-        list(pool.map(lambda chunk: sweep_range(*chunk, workload_path, tool, device, sanitizer, progress), chunks))
+        list(pool.map(lambda chunk: sweep_range(*chunk, workload_path, tool, device, sanitizer, progress, variants),
+                      chunks))
     for case, rows in zip(cases, tables):
         log.info("%s: %d configurations, %d with errors", case.label, len(rows), sum(not r.clean for r in rows))
     log.info("%d configurations in %.0f s with %d jobs", sum(map(len, tables)), time.time() - began, jobs)
@@ -197,7 +204,7 @@ def sanitize_command(args: argparse.Namespace) -> int:
     """Run the sweep and print one line per configuration with errors; exit 1 when there is one."""
     device = select_device(args.device).type
     began = time.time()
-    rows = sanitize(args.workload, device, args.tool, args.problems, not args.no_progress, args.jobs)
+    rows = sanitize(args.workload, device, args.tool, args.problems, not args.no_progress, args.jobs, args.variants)
     bad = [r for r in rows if not r.clean]
     for r in bad:
         print(f"{r.layout} | {r.variant} {r.config}: {r.verdict}; {len(r.errors or [])} sanitizer lines"
@@ -217,6 +224,7 @@ def add_command(commands) -> None:
     parser.add_argument("workload", help="workload YAML file, e.g. tuning/superlinear-exp-v0.1.yaml")
     parser.add_argument("--tool", choices=("memcheck", "racecheck"), default="memcheck", help="default: memcheck")
     parser.add_argument("--problems", metavar="REGEX", help="only the problems whose label matches")
+    parser.add_argument("--variants", metavar="REGEX", help="only the variants whose name matches")
     parser.add_argument("--device", choices=("cuda", "cpu"), help="default: cuda when available")
     parser.add_argument("--jobs", type=int, default=1, metavar="N",
                         help="child processes at once (compiling dominates; e.g. the CPU cores); default: 1")
@@ -233,8 +241,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--start", type=int, default=0)
     parser.add_argument("--stop", type=int, required=True)
     parser.add_argument("--device", default="cuda")
+    parser.add_argument("--variants", help="only the variants whose name matches")
     args = parser.parse_args(argv)
-    return run_child(args.workload, args.child, args.key, args.start, args.stop, torch.device(args.device))
+    return run_child(args.workload, args.child, args.key, args.start, args.stop, torch.device(args.device),
+                     args.variants)
 
 
 if __name__ == "__main__":

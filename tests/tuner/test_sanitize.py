@@ -38,6 +38,15 @@ def test_covering_set_has_every_value_and_every_pipeline_depth_with_every_tile_w
     assert all(variant.compile_check(case.problem, c) is None for c in swept)
 
 
+def test_a_variant_filter_sweeps_only_the_variants_it_names() -> None:
+    """``--variants``: the covering sets of the matching variants alone, each whole."""
+    case = layouts(str(ROOT / "tuning" / "superlinear-exp-v0.1.yaml"), H200, "^decode 4096$")[0]
+    every, chosen = items(case), items(case, "^grouped$")
+    assert {v.name for v, _ in chosen} == {"grouped"}
+    assert chosen == [(v, c) for v, c in every if v.name == "grouped"]
+    assert len({v.name for v, _ in every}) > 1
+
+
 def test_layouts_keep_spans_and_share_one_shape_per_layout() -> None:
     """Small shapes past twice the window (queries have spans), one per problem key: the decode
     contexts of one layout collapse, training stays one query per key."""
@@ -112,7 +121,7 @@ print("========= ERROR SUMMARY: 1 error")
 def test_a_child_that_dies_is_restarted_after_the_configuration_that_ended_it(monkeypatch) -> None:
     """Chunks of one layout run in parallel children; the one that dies is restarted after its
     configuration, and every configuration of every chunk gets its verdict."""
-    monkeypatch.setattr(sweep, "items", lambda case: [(REGISTRY.variants(case.problem.op)[0], KernelConfig())] * 13)
+    monkeypatch.setattr(sweep, "items", lambda case, variants=None: [(REGISTRY.variants(case.problem.op)[0], KernelConfig())] * 13)
     monkeypatch.setattr(sweep.shutil, "which", lambda name: "compute-sanitizer")
     monkeypatch.setattr(sweep, "device_identity", lambda device: device_identity(torch.device("cpu")))
     monkeypatch.setattr(sweep, "_child_command", lambda *a: [sys.executable, "-c", FAKE_CHILD, str(a[4]), str(a[5])])
