@@ -7,7 +7,8 @@ the window, the gate; CUDA-graph safe. Its variants (``variants``):
 - ``stripe_spans``: the same first launch also attends every stripe's span once per KV group, and a
   merge launch picks each head's chosen spans (``stripe_spans_kernels``): for short contexts;
 - ``group_spans``: the same first launch, then the chosen spans of all a KV group's heads per chunk
-  of key positions, each key read once for the group (``group_spans_kernels``);
+  of key positions, each key read once for the group, then a merge launch per head
+  (``group_spans_kernels``);
 - ``split_window``: the stripe search in one Triton kernel (``stripe_search``,
   ``stripe_search_kernel``), then chunked span/window attention merged with the gate
   (``split_window_kernels``);

@@ -1,9 +1,8 @@
-"""Staged decode in two launches with each span key read once per KV group, however many of the
+"""Staged decode in three launches with each span key read once per KV group, however many of the
 group's heads and span slots attend it.
 
 1. ``group_stage.group_kernel``, as the ``grouped`` variant launches it: stripe candidates,
-   the window's partials, under a mask the mask slices' first allowed keys, and the zeroed
-   finished-program counters.
+   the window's partials and, under a mask, the mask slices' first allowed keys.
 2. ``group_spans_kernel``, a grid of (programs, KV head, batch) that runs in one wave, whose
    programs walk the chunks of ``CHUNK`` key positions (program p takes chunks p, p + programs,
    ...). A program holds one row per (head h, slot j) of the group (row j * rep + h; rep x topk
@@ -17,11 +16,14 @@ group's heads and span slots attend it.
    span keys and values of one decode step take 49 MB instead of 87 MB at 64K, 317 MB instead of
    400 MB at 1M.
 
+3. ``span_merge_kernel``, one program per (head, batch): the head's spans found again and their
+   partials merged (``gated_merge``: the window once, each span on top of it, the gate), every head
+   at once. (Merging a head in the program that completes its partials left up to ``rep`` merges
+   one after another in one program, each the latency of a few dependent loads: the step's slowest
+   program.)
+
 Row (h, j)'s span leaves a partial in each chunk it meets, at place chunk - lo // CHUNK of its
-cdiv(longest span + CHUNK - 1, CHUNK). Per head, a counter (zeroed by ``group_kernel``) adds the
-partials each program wrote; the program whose addition completes the head's count merges it
-(``gated_merge``: the window once, each span on top of it, the gate), and the program of chunk 0
-merges the heads that chose no span.
+cdiv(longest span + CHUNK - 1, CHUNK).
 
 Keys come by pointer loads, only those from the chunk's first span key to its last one, and no
 load waits for the mask: under one, each block's mask entries (one byte per key) are read beside
@@ -38,7 +40,7 @@ from __future__ import annotations
 import torch
 import triton
 import triton.language as tl
-from triton.language.extra.cuda import gdc_wait
+from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
 from ..kernel_helpers import allowed_keys, finite_or_zero, holds_nan, in_rows, load_key_block, online_softmax_step, tc_dot, tile_range
 from .group_attend import MIN_DOT, NO_ANCHOR, clamped_position, gated_merge
@@ -121,52 +123,25 @@ def _attend_rows_block(
 
 
 @triton.jit
-def _merge_finished_heads(
-    acc_ptr, m_ptr, l_ptr, win_acc_ptr, win_m_ptr, win_l_ptr, counter_ptr, Out_ptr, present, live, row_head,
-    row_slot, score, places, chunk, group, batch, H_Q, REP, N_PLACES, N_WCHUNKS,
-    TOPK: tl.constexpr, TOPK_POW2: tl.constexpr, REP_PAD: tl.constexpr, PLACES_POW2: tl.constexpr,
-    WCHUNKS_POW2: tl.constexpr, D_HEAD: tl.constexpr, BLOCK_D: tl.constexpr,
-):
-    """Count the ``present`` rows' partials just written into their heads' counters; merge each head
-    whose count this completes (``places`` per row in all), and at chunk 0 the heads with none."""
-    tl.debug_barrier()  # every thread's partials are written before the release below
-    head_ids = tl.arange(0, REP_PAD)
-    of_head = live[None, :] & (row_head[None, :] == head_ids[:, None])  # [REP_PAD, rows]
-    wrote = tl.sum(tl.where(of_head & present[None, :], 1, 0), axis=1)
-    expected = tl.sum(tl.where(of_head, places[None, :], 0), axis=1)
-    before = tl.atomic_add(counter_ptr + batch * H_Q + group * REP + head_ids, wrote, mask=wrote > 0,
-                           sem="acq_rel", scope="gpu")
-    merges = ((wrote > 0) & (before + wrote == expected)) | ((expected == 0) & (head_ids < REP) & (chunk == 0))
-    slots = tl.arange(0, TOPK_POW2)
-    for h in range(REP):
-        if tl.max(tl.where(head_ids == h, merges.to(tl.int32), 0), axis=0) > 0:
-            in_slot = (row_head[None, :] == h) & (row_slot[None, :] == slots[:, None]) & live[None, :]  # [slots, rows]
-            row = batch * H_Q + group * REP + h
-            gated_merge(acc_ptr, m_ptr, l_ptr, win_acc_ptr, win_m_ptr, win_l_ptr, Out_ptr, row,
-                        tl.max(tl.where(in_slot, score[None, :], float("-inf")), axis=1),
-                        (row * TOPK + slots) * N_PLACES, tl.sum(tl.where(in_slot, places[None, :], 0), axis=1),
-                        N_WCHUNKS, TOPK, TOPK_POW2, PLACES_POW2, WCHUNKS_POW2, D_HEAD, BLOCK_D)
-
-
-@triton.jit
 def group_spans_kernel(
     Q2_ptr, K_ptr, V_ptr, cand_score_ptr, cand_anchor_ptr, back_ptr, forward_ptr, first_ptr, cache_pos_ptr,
-    mask_ptr, acc_ptr, m_ptr, l_ptr, win_acc_ptr, win_m_ptr, win_l_ptr, counter_ptr, Out_ptr,
+    mask_ptr, acc_ptr, m_ptr, l_ptr,
     stride_qb, stride_qh, stride_kb, stride_kh, stride_kl, stride_mb,
-    H_Q, L_KV, REP, WINDOW, LAST, N_CANDIDATES, N_PLACES, N_WCHUNKS, N_SLICES, N_KEY_CHUNKS, qk_scale,
-    CHUNK: tl.constexpr, TOPK: tl.constexpr, TOPK_POW2: tl.constexpr, ROWS: tl.constexpr,
-    REP_PAD: tl.constexpr, CAND_POW2: tl.constexpr, PLACES_POW2: tl.constexpr, SLICES_POW2: tl.constexpr,
-    WCHUNKS_POW2: tl.constexpr, D_HEAD: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_K: tl.constexpr,
+    H_Q, L_KV, REP, WINDOW, LAST, N_CANDIDATES, N_PLACES, N_SLICES, N_KEY_CHUNKS, qk_scale,
+    CHUNK: tl.constexpr, TOPK: tl.constexpr, ROWS: tl.constexpr,
+    REP_PAD: tl.constexpr, CAND_POW2: tl.constexpr, SLICES_POW2: tl.constexpr,
+    D_HEAD: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_K: tl.constexpr,
     HAS_MASK: tl.constexpr, HAS_FORWARD: tl.constexpr, FIRST_FROM_MASK: tl.constexpr, UPCAST: tl.constexpr,
     PDL: tl.constexpr,
 ):
     """Per (program, KV head, batch): the group's spans once, then every (head, slot) span over the
     keys of chunks program, program + programs, ... of the ``N_KEY_CHUNKS`` (a partial per span
-    met; chunks that no span meets cost a few comparisons); the program that completes a head's
-    partials merges it.
+    met; chunks that no span meets cost a few comparisons).
 
     With ``PDL`` it starts while ``group_kernel`` runs and waits for that grid's results before its
-    first read of them."""
+    first read of them; the merge launch may start at once and waits for this grid's."""
+    if PDL:
+        gdc_launch_dependents()
     group = tl.program_id(1).to(tl.int64)
     batch = tl.program_id(2).to(tl.int64)
     pos = clamped_position(cache_pos_ptr, LAST, L_KV)
@@ -186,7 +161,6 @@ def group_spans_kernel(
         H_Q, REP, WINDOW, L_KV, N_CANDIDATES, N_SLICES, TOPK, REP_PAD, CAND_POW2, SLICES_POW2, HAS_FORWARD,
         FIRST_FROM_MASK,
     )
-    places = tl.where(live & (lo <= hi), hi // CHUNK - lo // CHUNK + 1, 0)  # chunks each row's span meets
     kv_base = batch * stride_kb + group * stride_kh
     mask_row = mask_ptr + batch * stride_mb
     for chunk in range(tl.program_id(0), N_KEY_CHUNKS, tl.num_programs(0)):
@@ -194,7 +168,7 @@ def group_spans_kernel(
         row_lo = tl.maximum(lo, chunk * CHUNK)
         row_hi = tl.minimum(hi, chunk * CHUNK + CHUNK - 1)
         present = live & (row_lo <= row_hi)
-        if (tl.max(present.to(tl.int32), axis=0) > 0) | (chunk == 0):
+        if tl.max(present.to(tl.int32), axis=0) > 0:
             key_lo, key_hi = tile_range(present, row_lo, row_hi)
             acc = tl.zeros((ROWS, BLOCK_D), dtype=tl.float32)
             m = tl.full((ROWS,), float("-inf"), tl.float32)
@@ -220,10 +194,36 @@ def group_spans_kernel(
                      mask=present[:, None] & d_mask[None, :])
             tl.store(m_ptr + part, m, mask=present)
             tl.store(l_ptr + part, l, mask=present)
-            _merge_finished_heads(acc_ptr, m_ptr, l_ptr, win_acc_ptr, win_m_ptr, win_l_ptr, counter_ptr, Out_ptr,
-                                  present, live, row_head, row_slot, score, places, chunk, group, batch, H_Q, REP,
-                                  N_PLACES, N_WCHUNKS, TOPK, TOPK_POW2, REP_PAD, PLACES_POW2, WCHUNKS_POW2, D_HEAD,
-                                  BLOCK_D)
+
+
+@triton.jit
+def span_merge_kernel(
+    cand_score_ptr, cand_anchor_ptr, back_ptr, forward_ptr, first_ptr, cache_pos_ptr, acc_ptr, m_ptr, l_ptr,
+    win_acc_ptr, win_m_ptr, win_l_ptr, Out_ptr,
+    H_Q, L_KV, REP, WINDOW, LAST, N_CANDIDATES, N_PLACES, N_WCHUNKS, N_SLICES,
+    CHUNK: tl.constexpr, TOPK: tl.constexpr, TOPK_POW2: tl.constexpr, REP_PAD: tl.constexpr,
+    CAND_POW2: tl.constexpr, PLACES_POW2: tl.constexpr, SLICES_POW2: tl.constexpr, WCHUNKS_POW2: tl.constexpr,
+    D_HEAD: tl.constexpr, BLOCK_D: tl.constexpr, HAS_FORWARD: tl.constexpr, FIRST_FROM_MASK: tl.constexpr,
+    PDL: tl.constexpr,
+):
+    """Per (head, batch): the head's chosen spans again (``_chosen_spans``), each span's partials
+    (one per chunk it meets) merged with the window's under the gate (``gated_merge``)."""
+    head = tl.program_id(0)
+    batch = tl.program_id(1).to(tl.int64)
+    row = batch * H_Q + head
+    pos = clamped_position(cache_pos_ptr, LAST, L_KV)
+    if PDL:
+        gdc_wait()
+    slots = tl.arange(0, TOPK_POW2)
+    score, lo, hi = _chosen_spans(
+        cand_score_ptr, cand_anchor_ptr, back_ptr, forward_ptr, first_ptr, slots * 0 + head % REP, slots, head // REP,
+        batch, pos, H_Q, REP, WINDOW, L_KV, N_CANDIDATES, N_SLICES, TOPK, REP_PAD, CAND_POW2, SLICES_POW2, HAS_FORWARD,
+        FIRST_FROM_MASK,
+    )
+    places = tl.where(lo <= hi, hi // CHUNK - lo // CHUNK + 1, 0)  # the chunks each span meets
+    gated_merge(acc_ptr, m_ptr, l_ptr, win_acc_ptr, win_m_ptr, win_l_ptr, Out_ptr, row, score,
+                (row * TOPK + slots) * N_PLACES, places, N_WCHUNKS, TOPK, TOPK_POW2, PLACES_POW2, WCHUNKS_POW2,
+                D_HEAD, BLOCK_D)
 
 
 def group_spans_attention(
@@ -266,16 +266,23 @@ def group_spans_attention(
     plan = g.plan
     key_chunks = cdiv(lkv, chunk)
     programs = min(key_chunks, cdiv(PROGRAMS_PER_MULTIPROCESSOR * _multiprocessors(q1.device), batch * hkv))
+    forward = back_table if forward_table is None else forward_table  # (never read without forward spans)
     group_spans_kernel[(programs, hkv, batch)](
-        g.q2, g.k, g.v, *g.candidates, back_table, back_table if forward_table is None else forward_table, g.first,
-        decode_position, g.mask, *g.span_parts, *g.window_parts, g.counter, g.out,
+        g.q2, g.k, g.v, *g.candidates, back_table, forward, g.first, decode_position, g.mask, *g.span_parts,
         g.q2.stride(0), g.q2.stride(1), *g.kv_strides,
-        hq, lkv, plan.rep, window, g.last, plan.n_candidates, plan.n_chunks, plan.n_wchunks, plan.n_slices, key_chunks,
-        g.qk_scale, CHUNK=chunk, TOPK=topk, TOPK_POW2=pow2(topk), ROWS=rows, REP_PAD=plan.rep_pad,
-        CAND_POW2=pow2(plan.n_candidates), PLACES_POW2=pow2(plan.n_chunks), SLICES_POW2=pow2(plan.n_slices),
-        WCHUNKS_POW2=pow2(plan.n_wchunks), D_HEAD=dim, BLOCK_D=plan.block_d, BLOCK_K=max(block_k, MIN_DOT.value),
+        hq, lkv, plan.rep, window, g.last, plan.n_candidates, plan.n_chunks, plan.n_slices, key_chunks, g.qk_scale,
+        CHUNK=chunk, TOPK=topk, ROWS=rows, REP_PAD=plan.rep_pad, CAND_POW2=pow2(plan.n_candidates),
+        SLICES_POW2=pow2(plan.n_slices), D_HEAD=dim, BLOCK_D=plan.block_d, BLOCK_K=max(block_k, MIN_DOT.value),
         HAS_MASK=attention_mask is not None, HAS_FORWARD=forward_table is not None,
         FIRST_FROM_MASK=g.first_from_mask, UPCAST=g.upcast, PDL=g.pdl, num_warps=num_warps, num_stages=num_stages,
         launch_pdl=g.pdl,
+    )
+    span_merge_kernel[(hq, batch)](
+        *g.candidates, back_table, forward, g.first, decode_position, *g.span_parts, *g.window_parts, g.out,
+        hq, lkv, plan.rep, window, g.last, plan.n_candidates, plan.n_chunks, plan.n_wchunks, plan.n_slices,
+        CHUNK=chunk, TOPK=topk, TOPK_POW2=pow2(topk), REP_PAD=plan.rep_pad, CAND_POW2=pow2(plan.n_candidates),
+        PLACES_POW2=pow2(plan.n_chunks), SLICES_POW2=pow2(plan.n_slices), WCHUNKS_POW2=pow2(plan.n_wchunks),
+        D_HEAD=dim, BLOCK_D=plan.block_d, HAS_FORWARD=forward_table is not None, FIRST_FROM_MASK=g.first_from_mask,
+        PDL=g.pdl, num_warps=4, launch_pdl=g.pdl,
     )
     return g.out

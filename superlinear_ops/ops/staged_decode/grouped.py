@@ -3,9 +3,9 @@ cores: the chosen spans in chunks per head after the search, merged by the last 
 (``grouped_decode``; ``grouped_kernels``), or every stripe's span per group beside the search and a
 merge launch that picks the chosen ones (``stripe_spans_decode``; ``stripe_spans_kernels``), or
 the chosen spans of all the group's heads per chunk of key positions, each key read once for the
-group (``group_spans_decode``; ``group_spans_kernels``). All three take (q1, q2, k, v,
-cache_position, attention_mask, settings, config) of validated inputs and return the output
-[B, Hq, 1, D] in two launches, with no host synchronisation."""
+group, and a merge launch per head (``group_spans_decode``; ``group_spans_kernels``). All three
+take (q1, q2, k, v, cache_position, attention_mask, settings, config) of validated inputs and return
+the output [B, Hq, 1, D] in two launches (three for ``group_spans``), with no host synchronisation."""
 
 from __future__ import annotations
 

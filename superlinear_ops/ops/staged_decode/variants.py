@@ -216,7 +216,7 @@ GROUP_SPANS = Variant(
     reasons=group_spans_reasons, compile_check=group_spans_check, default=group_spans_default,
     priority=4,  # after every other kernel decode (slower than grouped where measured); the tuner chooses it where it wins
     description="stripe search and window once per KV group, then per chunk of key positions every chosen span of "
-    "the group's heads, each key read once for all of them: two launches",
+    "the group's heads, each key read once for all of them, then a merge per head: three launches",
 )
 
 # --- staged_decode/split_window and staged (baselines), staged_reference --------------------------
