@@ -123,6 +123,41 @@ def _attend_rows_block(
 
 
 @triton.jit
+def attend_row_ranges(
+    q, K_ptr, V_ptr, kv_base, stride_kl, mask_row_ptr, present, row_lo, row_hi, offs_d, d_mask, qk_scale,
+    BLOCK_K: tl.constexpr, HAS_MASK: tl.constexpr, UPCAST: tl.constexpr,
+):
+    """Online softmax (acc, m, l; log2 domain) of each ``present`` row of ``q`` [rows, D] over its keys
+    row_lo..row_hi (as the mask row allows with ``HAS_MASK``), all rows in one pass over the keys from
+    the first any row attends to the last, ``BLOCK_K`` at a time (``_attend_rows_block``).
+
+    A key that one row does not attend still meets that row's zero weight in the dot, so a NaN or
+    an infinity there would reach it: where the result holds a NaN the keys are attended again with
+    the non-finite values read as 0 (16-key blocks, one stage), and the rows that attend one are NaN."""
+    key_lo, key_hi = tile_range(present, row_lo, row_hi)
+    acc = tl.zeros((q.shape[0], q.shape[1]), dtype=tl.float32)
+    m = tl.full((q.shape[0],), float("-inf"), tl.float32)
+    l = tl.zeros((q.shape[0],), dtype=tl.float32)
+    bad = row_lo < row_lo
+    for start in range(key_lo, key_hi + 1, BLOCK_K):
+        acc, m, l, bad = _attend_rows_block(acc, m, l, bad, q, K_ptr, V_ptr, kv_base, stride_kl, mask_row_ptr,
+                                            start, key_hi, row_lo, row_hi, offs_d, d_mask, qk_scale, BLOCK_K,
+                                            HAS_MASK, False, UPCAST)
+    if holds_nan(acc):  # a zero weight times a NaN or an infinity, or an attended one: tell them apart
+        acc = tl.zeros((q.shape[0], q.shape[1]), dtype=tl.float32)
+        m = tl.full((q.shape[0],), float("-inf"), tl.float32)
+        l = tl.zeros((q.shape[0],), dtype=tl.float32)
+        # In MIN_DOT-key blocks and one stage: this rare pass then needs fewer registers than
+        # the first (sm_90, 64 rows, 64-key blocks on 4 warps: 180 bytes of spill stores, not 1920).
+        for start in tl.range(key_lo, key_hi + 1, MIN_DOT, num_stages=1):
+            acc, m, l, bad = _attend_rows_block(acc, m, l, bad, q, K_ptr, V_ptr, kv_base, stride_kl, mask_row_ptr,
+                                                start, key_hi, row_lo, row_hi, offs_d, d_mask, qk_scale,
+                                                MIN_DOT, HAS_MASK, True, UPCAST)
+        acc = tl.where(bad[:, None], float("nan"), acc)
+    return acc, m, l
+
+
+@triton.jit
 def group_spans_kernel(
     Q2_ptr, K_ptr, V_ptr, cand_score_ptr, cand_anchor_ptr, back_ptr, forward_ptr, first_ptr, cache_pos_ptr,
     mask_ptr, acc_ptr, m_ptr, l_ptr,
@@ -169,26 +204,8 @@ def group_spans_kernel(
         row_hi = tl.minimum(hi, chunk * CHUNK + CHUNK - 1)
         present = live & (row_lo <= row_hi)
         if tl.max(present.to(tl.int32), axis=0) > 0:
-            key_lo, key_hi = tile_range(present, row_lo, row_hi)
-            acc = tl.zeros((ROWS, BLOCK_D), dtype=tl.float32)
-            m = tl.full((ROWS,), float("-inf"), tl.float32)
-            l = tl.zeros((ROWS,), dtype=tl.float32)
-            bad = rows < 0
-            for start in range(key_lo, key_hi + 1, BLOCK_K):
-                acc, m, l, bad = _attend_rows_block(acc, m, l, bad, q, K_ptr, V_ptr, kv_base, stride_kl, mask_row,
-                                                    start, key_hi, row_lo, row_hi, offs_d, d_mask, qk_scale, BLOCK_K,
-                                                    HAS_MASK, False, UPCAST)
-            if holds_nan(acc):  # a zero weight times a NaN or an infinity, or an attended one: tell them apart
-                acc = tl.zeros((ROWS, BLOCK_D), dtype=tl.float32)
-                m = tl.full((ROWS,), float("-inf"), tl.float32)
-                l = tl.zeros((ROWS,), dtype=tl.float32)
-                # In MIN_DOT-key blocks and one stage: this rare pass then needs fewer registers than
-                # the first (sm_90, 64 rows, 64-key blocks on 4 warps: 180 bytes of spill stores, not 1920).
-                for start in tl.range(key_lo, key_hi + 1, MIN_DOT, num_stages=1):
-                    acc, m, l, bad = _attend_rows_block(acc, m, l, bad, q, K_ptr, V_ptr, kv_base, stride_kl,
-                                                        mask_row, start, key_hi, row_lo, row_hi, offs_d, d_mask,
-                                                        qk_scale, MIN_DOT, HAS_MASK, True, UPCAST)
-                acc = tl.where(bad[:, None], float("nan"), acc)
+            acc, m, l = attend_row_ranges(q, K_ptr, V_ptr, kv_base, stride_kl, mask_row, present, row_lo, row_hi,
+                                          offs_d, d_mask, qk_scale, BLOCK_K, HAS_MASK, UPCAST)
             part = ((batch * H_Q + heads) * TOPK + row_slot) * N_PLACES + chunk - lo // CHUNK
             tl.store(acc_ptr + part[:, None] * D_HEAD + offs_d[None, :], acc,
                      mask=present[:, None] & d_mask[None, :])

@@ -3,9 +3,11 @@ cores: the chosen spans in chunks per head after the search, merged by the last 
 (``grouped_decode``; ``grouped_kernels``), or every stripe's span per group beside the search and a
 merge launch that picks the chosen ones (``stripe_spans_decode``; ``stripe_spans_kernels``), or
 the chosen spans of all the group's heads per chunk of key positions, each key read once for the
-group, and a merge launch per head (``group_spans_decode``; ``group_spans_kernels``). All three
-take (q1, q2, k, v, cache_position, attention_mask, settings, config) of validated inputs and return
-the output [B, Hq, 1, D] in two launches (three for ``group_spans``), with no host synchronisation."""
+group, and a merge launch per head (``group_spans_decode``; ``group_spans_kernels``), or search,
+spans, window and gate per KV group in one launch, its keys split over programs
+(``one_launch_decode``; ``one_launch_kernels``). All take (q1, q2, k, v, cache_position,
+attention_mask, settings, config) of validated inputs and return the output [B, Hq, 1, D] with no
+host synchronisation."""
 
 from __future__ import annotations
 
@@ -47,24 +49,32 @@ grouped_decode = partial(_two_launch_decode, stripe_spans=False)
 stripe_spans_decode = partial(_two_launch_decode, stripe_spans=True)
 
 
-def group_spans_decode(
-    q1: torch.Tensor,
-    q2: torch.Tensor,
-    k: torch.Tensor,
-    v: torch.Tensor,
-    cache_position: torch.Tensor,
-    attention_mask: torch.Tensor | None,
-    settings: SpanSettings,
-    config: KernelConfig,
-) -> torch.Tensor:
-    """``group_spans_attention`` (each span key read once per KV group) given the shape's tables
+def _launch_with_tables(attention, q1, q2, k, v, cache_position, attention_mask, settings: SpanSettings,
+                        config: KernelConfig) -> torch.Tensor:
+    """``attention`` (``group_spans_attention`` or ``one_launch_attention``) given the shape's tables
     and the config's tiles."""
-    from .group_spans_kernels import group_spans_attention  # imports Triton on first use only
-
     settings = settings.for_keys(k.shape[2])
     tables = decode_tables(k.shape[2], settings, q1.device)
-    return group_spans_attention(
+    return attention(
         q1, q2, k, v, cache_position, attention_mask, tables.offsets, tables.back, tables.forward,
         settings.window_for(k.shape[2]), settings.topk, tables.longest_span,
         block_k=config.block_k, num_warps=config.num_warps, num_stages=config.num_stages, chunk=config.chunk,
     )
+
+
+def group_spans_decode(q1: torch.Tensor, q2: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                       cache_position: torch.Tensor, attention_mask: torch.Tensor | None, settings: SpanSettings,
+                       config: KernelConfig) -> torch.Tensor:
+    """The chosen spans' keys read once per KV group (``group_spans_attention``)."""
+    from .group_spans_kernels import group_spans_attention  # imports Triton on first use only
+
+    return _launch_with_tables(group_spans_attention, q1, q2, k, v, cache_position, attention_mask, settings, config)
+
+
+def one_launch_decode(q1: torch.Tensor, q2: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                      cache_position: torch.Tensor, attention_mask: torch.Tensor | None, settings: SpanSettings,
+                      config: KernelConfig) -> torch.Tensor:
+    """Search, spans, window and gate per KV group in one launch (``one_launch_attention``)."""
+    from .one_launch_kernels import one_launch_attention  # imports Triton on first use only
+
+    return _launch_with_tables(one_launch_attention, q1, q2, k, v, cache_position, attention_mask, settings, config)

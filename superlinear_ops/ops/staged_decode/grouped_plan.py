@@ -32,6 +32,12 @@ def span_rows(rep: int, topk: int) -> int:
     return max(pow2(rep * topk), MIN_DOT)
 
 
+def one_launch_rows(rep: int, topk: int) -> int:
+    """Rows of a ``one_launch_kernels`` program: ``topk`` span slots and the window, each of ``rep``
+    heads padded to a power of two of at least one tensor-core tile."""
+    return pow2(topk + 1) * max(pow2(rep), MIN_DOT)
+
+
 class LaunchPlan(NamedTuple):
     """Everything a grouped decode launch derives from shapes and settings (cached per shape)."""
 

@@ -18,8 +18,8 @@ from ...settings import SpanSettings
 from .. import rules
 from ..span_attention.variants import reference_forward, triton_forward
 from ..spec import span_length
-from .grouped import group_spans_decode, grouped_decode, stripe_spans_decode
-from .grouped_plan import MAX_SPAN_ROWS, MIN_DOT, WINDOW_CHUNK, span_chunk_length, span_rows
+from .grouped import group_spans_decode, grouped_decode, one_launch_decode, stripe_spans_decode
+from .grouped_plan import MAX_SPAN_ROWS, MIN_DOT, WINDOW_CHUNK, one_launch_rows, span_chunk_length, span_rows
 from .split_window import split_window_decode
 from .staged import staged_decode
 
@@ -179,19 +179,25 @@ STRIPE_SPANS = Variant(
 GROUP_SPANS_SPACE = (*DECODE_TILES, Param("chunk", (64, 128, 256, 384, 512, 768, 1024, 1536, 2048, 3072, 4096, 8192)))
 
 
-def group_spans_check(problem: Problem, config: KernelConfig) -> str | None:
-    """Why a group_spans configuration cannot build or run well (GPU only): the grouped resource
-    register rule, its (head, slot) rows' accumulator and scores past the registers of its warps, or
-    its tiles past the shared memory (num_stages K/V buffers: no stage is saved as in grouped's loop)."""
+def row_tile_reason(problem: Problem, config: KernelConfig, rows: int) -> str | None:
+    """Why a program that attends ``rows`` query rows per KV group in one tile cannot build or run
+    well (GPU only): the grouped resource register rule, the rows' accumulator and scores past the
+    registers of its warps, or its tiles past the shared memory (num_stages K/V buffers: no stage is
+    saved as in grouped's loop)."""
     if not problem.device.is_gpu:
         return None
-    rows = span_rows(problem.rep, problem.spans)
     per_thread = rows * (next_power_of_two(problem.head_dim) + config.block_k) / (32 * config.num_warps)
     if per_thread > rules.MAX_VALUES_PER_THREAD:
-        return (f"registers: about {per_thread:.0f} fp32 values per thread for {rows} span rows' accumulator and "
+        return (f"registers: about {per_thread:.0f} fp32 values per thread for {rows} rows' accumulator and "
                 f"scores ({config.block_k}-key blocks) on {config.num_warps} warps (limit {rules.MAX_VALUES_PER_THREAD})")
     return rules.register_reason(2, problem, config) or decode_shared_reason(
-        problem, config.block_k, config.num_stages, rows, f"{config.num_stages} stages of K/V tiles and {rows} span rows")
+        problem, config.block_k, config.num_stages, rows, f"{config.num_stages} stages of K/V tiles and {rows} rows")
+
+
+def group_spans_check(problem: Problem, config: KernelConfig) -> str | None:
+    """Why a group_spans configuration cannot build or run well: ``row_tile_reason`` for its (head,
+    slot) rows."""
+    return row_tile_reason(problem, config, span_rows(problem.rep, problem.spans))
 
 
 def group_spans_default(problem: Problem) -> KernelConfig:
@@ -219,6 +225,64 @@ GROUP_SPANS = Variant(
     "the group's heads, each key read once for all of them, then a merge per head: three launches",
 )
 
+# --- staged_decode/one_launch ------------------------------------------------------------------------
+
+# Key positions per program (the search is repeated in each: longer splits repeat it less).
+ONE_LAUNCH_SPACE = (*DECODE_TILES, Param("chunk", (128, 256, 512, 1024, 2048, 4096)))
+# Keys above which one_launch does not apply (every program repeats the group's search over the
+# whole stripe table, a few dozen key rows at short contexts, hundreds past them), and the
+# partials' budget (one per row and split).
+ONE_LAUNCH_KEYS = 1 << 17
+ONE_LAUNCH_BYTES = 1 << 28
+
+
+def one_launch_check(problem: Problem, config: KernelConfig) -> str | None:
+    """Why a one_launch configuration cannot build or run well: partials (one per row and split)
+    above ``ONE_LAUNCH_BYTES``, or ``row_tile_reason`` for its (slot, head) rows."""
+    rows = one_launch_rows(problem.rep, problem.spans)
+    partials = problem.batch * problem.kv_heads * -(-problem.keys // config.chunk) * rows * (problem.head_dim + 2) * 4
+    if partials > ONE_LAUNCH_BYTES:
+        return (f"partials: {partials / 2**20:.0f} MiB for splits of {config.chunk} keys > "
+                f"{ONE_LAUNCH_BYTES >> 20} MiB (take longer splits)")
+    return row_tile_reason(problem, config, rows)
+
+
+def one_launch_default(problem: Problem) -> KernelConfig:
+    """Heuristic one_launch configuration: 64-key blocks (32 past D = 128) on 8 warps, 3 stages
+    (fewer where they do not fit), splits of 512 keys made longer until the partials fit."""
+    block_k = 64 if problem.head_dim <= 128 else 32
+    for stages in (3, 2, 1):
+        config = KernelConfig(block_k=block_k, num_warps=8, num_stages=stages, chunk=512)
+        while one_launch_check(problem, config) is not None and config.chunk < 4096:
+            config = config.replace(chunk=2 * config.chunk)
+        if one_launch_check(problem, config) is None:
+            return config
+    return config
+
+
+def one_launch_reasons(problem: Problem) -> list[str]:
+    """Why the one_launch decode kernel cannot serve ``problem``: the grouped rules, more rows per
+    KV group than one program holds, or so many keys that repeating the search in every program
+    cannot pay."""
+    reasons = grouped_reasons(problem)
+    rows = one_launch_rows(problem.rep, problem.spans)
+    if rows > MAX_SPAN_ROWS:
+        reasons.append(f"rep {problem.rep} x (topk {problem.spans} + the window) rows per KV group = {rows} > "
+                       f"{MAX_SPAN_ROWS} (one program holds a group's rows)")
+    if problem.keys > ONE_LAUNCH_KEYS:
+        reasons.append(f"keys = {problem.keys} > {ONE_LAUNCH_KEYS}: every program repeats the group's search over the "
+                       "whole stripe table")
+    return reasons or rules.misfit(problem, one_launch_default, one_launch_check)
+
+
+ONE_LAUNCH = Variant(
+    op=STAGED_DECODE, name="one_launch", launch=one_launch_decode, space=ONE_LAUNCH_SPACE,
+    reasons=one_launch_reasons, compile_check=one_launch_check, default=one_launch_default,
+    priority=5,  # short contexts only: the tuner chooses it where it wins
+    description="stripe search, spans, window and gate per KV group in one launch, its keys split over programs "
+    "(every key a row attends read once for the group), merged by the last program",
+)
+
 # --- staged_decode/split_window and staged (baselines), staged_reference --------------------------
 
 SPLIT_WINDOW = Variant(
@@ -237,4 +301,4 @@ STAGED_REFERENCE = Variant(
     description="stripe search and top-k in PyTorch, span attention by the PyTorch reference",
 )
 
-VARIANTS: tuple[Variant, ...] = (GROUPED, STRIPE_SPANS, SPLIT_WINDOW, STAGED, GROUP_SPANS, STAGED_REFERENCE)
+VARIANTS: tuple[Variant, ...] = (GROUPED, STRIPE_SPANS, SPLIT_WINDOW, STAGED, GROUP_SPANS, ONE_LAUNCH, STAGED_REFERENCE)

@@ -88,7 +88,7 @@ def test_float64_runs_the_reference_path_exactly(gen: torch.Generator) -> None:
 
 
 TRITON_DECODE = [v for v in REGISTRY.variants("staged_decode") if v.space]
-GROUPED = [REGISTRY.get("staged_decode", name) for name in ("grouped", "stripe_spans", "group_spans")]  # group_kernel's users
+GROUPED = [REGISTRY.get("staged_decode", name) for name in ("grouped", "stripe_spans", "group_spans", "one_launch")]  # tensor-core decodes
 
 
 @pytest.mark.parametrize("variant", TRITON_DECODE, ids=[v.name for v in TRITON_DECODE])
@@ -238,15 +238,19 @@ def test_group_spans_programs_walk_their_chunks(programs_per_multiprocessor: int
     assert_close(got, x.oracle()[0], torch.float32, case.lkv, f"group_spans, {programs_per_multiprocessor} per SM")
 
 
+ROW_TILES = [REGISTRY.get("staged_decode", name) for name in ("group_spans", "one_launch")]
+
+
+@pytest.mark.parametrize("variant", ROW_TILES, ids=[v.name for v in ROW_TILES])
 @pytest.mark.parametrize("poison", [float("nan"), float("inf")], ids=["nan", "inf"])
-@pytest.mark.parametrize("chunk", [64, 4096])
-def test_group_spans_keeps_a_value_one_head_attends_out_of_the_others(poison: float, chunk: int,
-                                                                      gen: torch.Generator) -> None:
-    """group_spans attends every (head, slot) span of a KV group over one chunk's keys together, so a
-    key one head attends meets the zero weights of the heads that do not in the same dot. A NaN or
-    an infinity in such a key's value must reach only the heads that attend it (non-finite there, as
-    in the oracle), whether the spans share a small chunk or all lie in one."""
-    variant = REGISTRY.get("staged_decode", "group_spans")
+@pytest.mark.parametrize("chunk", [128, 4096])
+def test_row_tiles_keep_a_value_one_head_attends_out_of_the_others(variant, poison: float, chunk: int,
+                                                                   gen: torch.Generator) -> None:
+    """group_spans attends every (head, slot) span of a KV group over one chunk's keys together, and
+    one_launch the windows too, so a key one head attends meets the zero weights of the rows that do
+    not in the same dot. A NaN or an infinity in such a key's value must reach only the heads that
+    attend it (non-finite there, as in the oracle), whether the spans share a small chunk or all lie
+    in one."""
     case = DecodeCase("fp32", 4, "none", hkv=1, batch=1, lkv=600, pos=590, power=FLOAT55, sw_index=6)
     x = make_decode_inputs(case, gen)
     _, traces = x.oracle()

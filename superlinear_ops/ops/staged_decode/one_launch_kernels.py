@@ -1,0 +1,258 @@
+"""Staged decode in one launch for short contexts: search, spans, window and gate per KV group, the
+keys split over programs and the last program to finish merging.
+
+``one_launch_kernel``, one program per (split, KV head, batch):
+1. the stripe search of the whole group (every stripe of the table against the ``rep`` search
+   queries, ``BLOCK_S`` stripes per dot, each head's running top-``TOPK``; ties to the nearest
+   anchor), repeated by every program of the group: at short contexts it is a few dozen key rows,
+   cheaper than waiting for another launch;
+2. the rows of the group, row ``j * REP_PAD + h``: head h's span of slot j for j < ``TOPK`` (from
+   the exact span tables and, for forward spans under a mask, the row's first allowed key), and
+   head h's window for j = ``TOPK``;
+3. every row over its keys in the program's split of ``CHUNK`` key positions, all rows in one pass
+   of [rows, D] x [D, BLOCK_K] dots (``group_spans_kernels.attend_row_ranges``): each key of the
+   split that a row attends is read once for the group;
+4. a partial per row and split; a counter per (batch, KV head), zeroed by the caller, counts the
+   finished programs, and the last one merges each row's partials over the splits, each span with
+   its head's window, and writes the gate-weighted sum (docs/semantics.md section 3, steps 4-5).
+
+Partial softmax states are (weighted values, max, sum) in the log2 domain. The short prefix
+(t <= W) needs no branch: no stripe is valid, every span row is empty and the uniform gate returns
+the window. Grids and buffers depend only on shapes, never on the position.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import triton
+import triton.language as tl
+
+from ...launch import key_value_pair, unit_stride
+from ..kernel_helpers import LOG2E, tc_dot, window_bounds
+from .group_attend import MIN_DOT, NO_ANCHOR, clamped_position
+from .group_spans_kernels import attend_row_ranges
+from .group_stage import _first_allowed, mask_operand
+from .grouped_plan import MAX_SPAN_ROWS, cdiv, one_launch_rows, pow2
+
+__all__ = ["one_launch_attention"]
+
+
+@triton.jit
+def _group_top_stripes(
+    Q1_ptr, K_ptr, offsets_ptr, mask_row_ptr, q1_base, kv_base, stride_q1h, stride_kl, pos, window_start, REP,
+    N_STRIPES, TOPK: tl.constexpr, TOPK_POW2: tl.constexpr, BLOCK_S: tl.constexpr, REP_PAD: tl.constexpr,
+    D_HEAD: tl.constexpr, BLOCK_D: tl.constexpr, HAS_MASK: tl.constexpr, UPCAST: tl.constexpr,
+):
+    """Each head's top-``TOPK`` stripes: scores and anchors [REP_PAD, TOPK_POW2], best first (score
+    -inf: none). A NaN score counts as +inf (it wins and makes the gate NaN)."""
+    heads = tl.arange(0, REP_PAD)
+    offs_d = tl.arange(0, BLOCK_D)
+    d_mask = offs_d < D_HEAD
+    q1 = tl.load(Q1_ptr + q1_base + heads[:, None] * stride_q1h + offs_d[None, :],
+                 mask=(heads < REP)[:, None] & d_mask[None, :], other=0.0)
+    slots = tl.arange(0, TOPK_POW2)
+    best = tl.full((REP_PAD, TOPK_POW2), float("-inf"), tl.float32)
+    best_anchor = tl.full((REP_PAD, TOPK_POW2), NO_ANCHOR, tl.int32)
+    for block in range(0, N_STRIPES, BLOCK_S):
+        stripes = block + tl.arange(0, BLOCK_S)
+        in_table = stripes < N_STRIPES
+        loc = pos + 1 - tl.load(offsets_ptr + stripes, mask=in_table, other=0)
+        valid = in_table & (loc >= 0) & (loc < window_start)
+        keys = tl.load(K_ptr + kv_base + loc[:, None] * stride_kl + offs_d[None, :],
+                       mask=valid[:, None] & d_mask[None, :], other=0.0)
+        if HAS_MASK:  # the keys load does not wait for the mask: a hidden stripe's score is dropped
+            valid = valid & (tl.load(mask_row_ptr + loc, mask=valid, other=0) != 0)
+        scores = tl.where(valid[None, :], tc_dot(q1, tl.trans(keys), UPCAST), float("-inf"))
+        scores = tl.where(scores != scores, float("inf"), scores)
+        anchors = tl.where(valid, loc, NO_ANCHOR).to(tl.int32)  # distinct for valid stripes
+        kept = tl.full((REP_PAD, TOPK_POW2), float("-inf"), tl.float32)
+        kept_anchor = tl.full((REP_PAD, TOPK_POW2), NO_ANCHOR, tl.int32)
+        for j in tl.static_range(TOPK):  # the top of the running best and this block's scores
+            top = tl.maximum(tl.max(best, axis=1), tl.max(scores, axis=1))
+            pick = tl.maximum(tl.max(tl.where(best == top[:, None], best_anchor, NO_ANCHOR), axis=1),
+                              tl.max(tl.where(scores == top[:, None], anchors[None, :], NO_ANCHOR), axis=1))
+            kept = tl.where(slots[None, :] == j, top[:, None], kept)
+            kept_anchor = tl.where(slots[None, :] == j, pick[:, None], kept_anchor)
+            best = tl.where(best_anchor == pick[:, None], float("-inf"), best)
+            scores = tl.where(anchors[None, :] == pick[:, None], float("-inf"), scores)
+        best, best_anchor = kept, kept_anchor
+    return best, best_anchor
+
+
+@triton.jit
+def _row_ranges(
+    best, best_anchor, back_ptr, forward_ptr, mask_row_ptr, pos, WINDOW, L_KV, REP,
+    TOPK: tl.constexpr, TOPK_POW2: tl.constexpr, SLOTS: tl.constexpr, REP_PAD: tl.constexpr,
+    HAS_MASK: tl.constexpr, HAS_FORWARD: tl.constexpr,
+):
+    """Per row (slot j, head h): the slot's score (-inf: no span) and keys [lo, hi] (hi < lo: none):
+    the chosen span for j < ``TOPK``, the window for j = ``TOPK``."""
+    rows = tl.arange(0, SLOTS * REP_PAD)
+    row_head, row_slot = rows % REP_PAD, rows // REP_PAD
+    of_head = row_head[:, None] == tl.arange(0, REP_PAD)[None, :]  # [rows, REP_PAD]
+    slots = tl.arange(0, TOPK_POW2)
+    score = tl.full(rows.shape, float("-inf"), tl.float32)
+    anchor = tl.zeros(rows.shape, tl.int32)
+    for j in tl.static_range(TOPK):
+        head_score = tl.max(tl.where(slots[None, :] == j, best, float("-inf")), axis=1)
+        head_anchor = tl.max(tl.where(slots[None, :] == j, best_anchor, NO_ANCHOR), axis=1)
+        score = tl.where(row_slot == j, tl.max(tl.where(of_head, head_score[None, :], float("-inf")), axis=1), score)
+        anchor = tl.where(row_slot == j, tl.max(tl.where(of_head, head_anchor[None, :], NO_ANCHOR), axis=1), anchor)
+    t = pos + 1
+    window_lo, window_hi = window_bounds(pos, WINDOW)
+    lo = tl.maximum(anchor - tl.load(back_ptr + t), 0)
+    hi = anchor.to(tl.int64)
+    if HAS_FORWARD:
+        forward = tl.load(forward_ptr + t)  # counted from key 0: right unless the mask hides key 0
+        if HAS_MASK:
+            first = _first_allowed(mask_row_ptr, 0, window_lo, L_KV, 256)
+            if (first > 0) & (first < L_KV):
+                forward = tl.load(forward_ptr + t - first)  # first < window start < t
+        hi = tl.minimum(anchor + forward, pos - WINDOW)  # the key before the window
+    live = (row_head < REP) & (score > float("-inf"))
+    lo = tl.where(row_slot == TOPK, window_lo, lo)
+    hi = tl.where(row_slot == TOPK, window_hi, tl.where(live, hi, -1))
+    hi = tl.where(row_head < REP, hi, -1)
+    return score, lo.to(tl.int32), hi.to(tl.int32)
+
+
+@triton.jit
+def one_launch_kernel(
+    Q1_ptr, Q2_ptr, K_ptr, V_ptr, offsets_ptr, back_ptr, forward_ptr, cache_pos_ptr, mask_ptr, acc_ptr, m_ptr,
+    l_ptr, counter_ptr, Out_ptr,
+    stride_q1b, stride_q1h, stride_q2b, stride_q2h, stride_kb, stride_kh, stride_kl, stride_mb,
+    H_Q, L_KV, REP, WINDOW, LAST, N_STRIPES, qk_scale,
+    CHUNK: tl.constexpr, TOPK: tl.constexpr, TOPK_POW2: tl.constexpr, SLOTS: tl.constexpr,
+    REP_PAD: tl.constexpr, BLOCK_S: tl.constexpr, D_HEAD: tl.constexpr, BLOCK_D: tl.constexpr,
+    BLOCK_K: tl.constexpr, HAS_MASK: tl.constexpr, HAS_FORWARD: tl.constexpr, UPCAST: tl.constexpr,
+):
+    """Per (split, KV head, batch): the group's search and rows, its split's keys for every row, and
+    in the program that finishes last the merge over the splits and the gate."""
+    split = tl.program_id(0)
+    group = tl.program_id(1).to(tl.int64)
+    batch = tl.program_id(2).to(tl.int64)
+    splits = tl.num_programs(0)
+    pos = clamped_position(cache_pos_ptr, LAST, L_KV)
+    rows = tl.arange(0, SLOTS * REP_PAD)
+    row_head = rows % REP_PAD
+    offs_d = tl.arange(0, BLOCK_D)
+    d_mask = offs_d < D_HEAD
+    heads = group * REP + row_head
+    q = tl.load(Q2_ptr + batch * stride_q2b + heads[:, None] * stride_q2h + offs_d[None, :],
+                mask=(row_head < REP)[:, None] & d_mask[None, :], other=0.0)
+    kv_base = batch * stride_kb + group * stride_kh
+    mask_row = mask_ptr + batch * stride_mb
+    best, best_anchor = _group_top_stripes(
+        Q1_ptr, K_ptr, offsets_ptr, mask_row, batch * stride_q1b + group * REP * stride_q1h, kv_base, stride_q1h,
+        stride_kl, pos, tl.maximum(pos - WINDOW + 1, 0), REP, N_STRIPES, TOPK, TOPK_POW2, BLOCK_S, REP_PAD, D_HEAD,
+        BLOCK_D, HAS_MASK, UPCAST,
+    )
+    score, lo, hi = _row_ranges(best, best_anchor, back_ptr, forward_ptr, mask_row, pos, WINDOW, L_KV, REP, TOPK,
+                                TOPK_POW2, SLOTS, REP_PAD, HAS_MASK, HAS_FORWARD)
+    row_lo = tl.maximum(lo, split * CHUNK)
+    row_hi = tl.minimum(hi, split * CHUNK + CHUNK - 1)
+    acc, m, l = attend_row_ranges(q, K_ptr, V_ptr, kv_base, stride_kl, mask_row, row_lo <= row_hi, row_lo, row_hi,
+                                  offs_d, d_mask, qk_scale, BLOCK_K, HAS_MASK, UPCAST)
+    group_row = batch * (H_Q // REP) + group
+    part = (group_row * splits + split) * SLOTS * REP_PAD + rows
+    tl.store(acc_ptr + part[:, None] * D_HEAD + offs_d[None, :], acc, mask=d_mask[None, :])
+    tl.store(m_ptr + part, m)
+    tl.store(l_ptr + part, l)
+
+    tl.debug_barrier()  # every thread's partials are written before the release below
+    if tl.atomic_add(counter_ptr + group_row, 1, sem="acq_rel", scope="gpu") == splits - 1:
+        acc = tl.zeros((SLOTS * REP_PAD, BLOCK_D), dtype=tl.float32)
+        m = tl.full((SLOTS * REP_PAD,), float("-inf"), tl.float32)
+        l = tl.zeros((SLOTS * REP_PAD,), dtype=tl.float32)
+        for other in range(0, splits):  # the loads bypass L1: other programs wrote these partials
+            part = (group_row * splits + other) * SLOTS * REP_PAD + rows
+            part_m = tl.load(m_ptr + part, cache_modifier=".cg")
+            m_new = tl.maximum(m, part_m)
+            m_ref = tl.where(m_new == float("-inf"), 0.0, m_new)
+            alpha, beta = tl.exp2(m - m_ref), tl.exp2(part_m - m_ref)
+            l = l * alpha + tl.load(l_ptr + part, cache_modifier=".cg") * beta
+            acc = acc * alpha[:, None] + beta[:, None] * tl.load(
+                acc_ptr + part[:, None] * D_HEAD + offs_d[None, :], mask=d_mask[None, :], other=0.0, cache_modifier=".cg")
+            m = m_new
+        # [slot, head] views: each span with its head's window (slot TOPK), then the gate over the slots.
+        slot = tl.arange(0, SLOTS)[:, None]
+        acc3 = tl.reshape(acc, (SLOTS, REP_PAD, BLOCK_D))
+        m2, l2 = tl.reshape(m, (SLOTS, REP_PAD)), tl.reshape(l, (SLOTS, REP_PAD))
+        w_acc = tl.sum(tl.where((slot == TOPK)[:, :, None], acc3, 0.0), axis=0)
+        w_m = tl.max(tl.where(slot == TOPK, m2, float("-inf")), axis=0)
+        w_l = tl.sum(tl.where(slot == TOPK, l2, 0.0), axis=0)
+        both = tl.maximum(m2, w_m[None, :])
+        both_ref = tl.where(both == float("-inf"), 0.0, both)
+        a_span, a_window = tl.exp2(m2 - both_ref), tl.exp2(w_m[None, :] - both_ref)
+        total = l2 * a_span + w_l[None, :] * a_window
+        weighted = acc3 * a_span[:, :, None] + w_acc[None, :, :] * a_window[:, :, None]
+        has_keys = (total > 0.0) | (total != total)  # NaN from Q2 or an attended key must show
+        span_out = tl.where(has_keys[:, :, None], weighted / tl.where(has_keys, total, 1.0)[:, :, None], 0.0)
+        # Gate: softmax of the chosen spans' scores per head; uniform when the head chose none.
+        scores = tl.reshape(score, (SLOTS, REP_PAD))
+        top = tl.max(scores, axis=0)
+        any_chosen = top > float("-inf")
+        gate = tl.where(any_chosen[None, :], tl.exp(scores - tl.where(any_chosen, top, 0.0)[None, :]), 1.0)
+        gate = tl.where(slot < TOPK, gate, 0.0)
+        gate = gate / tl.sum(gate, axis=0)[None, :]
+        out = tl.sum(gate[:, :, None] * span_out, axis=0)  # [REP_PAD, BLOCK_D]
+        head = tl.arange(0, REP_PAD)
+        tl.store(Out_ptr + (batch * H_Q + group * REP + head)[:, None] * D_HEAD + offs_d[None, :],
+                 out.to(Out_ptr.dtype.element_ty), mask=(head < REP)[:, None] & d_mask[None, :])
+
+
+def one_launch_attention(
+    q1: torch.Tensor,
+    q2: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    decode_position: torch.Tensor,
+    attention_mask: torch.Tensor | None,
+    offsets: torch.Tensor,
+    back_table: torch.Tensor,
+    forward_table: torch.Tensor | None,
+    window: int,
+    topk: int,
+    longest_span: int,
+    block_k: int = 64,
+    num_warps: int = 8,
+    num_stages: int = 3,
+    chunk: int = 512,
+    block_s: int = 64,
+) -> torch.Tensor:
+    """Staged decode output [B, Hq, 1, D] (semantics section 3) for validated inputs, arguments as
+    ``grouped_kernels.grouped_decode_attention`` (``longest_span`` unused: spans are cut at the
+    splits); ``chunk`` is the key positions per program."""
+    if isinstance(chunk, bool) or not isinstance(chunk, int) or chunk < 1:
+        raise ValueError(f"chunk: expected a positive int (key positions per program), got {chunk!r}")
+    batch, hq, _, dim = q1.shape
+    hkv, lkv = k.shape[1], k.shape[2]
+    rep = hq // hkv
+    rows = one_launch_rows(rep, topk)
+    if rows > MAX_SPAN_ROWS:
+        raise ValueError(f"q1: {rep} query heads per KV head x (topk {topk} + the window) need {rows} rows per "
+                         f"program (at most {MAX_SPAN_ROWS})")
+    q1, q2 = unit_stride(q1), unit_stride(q2)
+    k, v = key_value_pair(k, v)
+    mask = k if attention_mask is None else mask_operand(attention_mask)  # k: never read
+    splits = cdiv(lkv, chunk)
+    block_d = max(pow2(dim), MIN_DOT)
+    parts = batch * hkv * splits * rows
+    work = torch.empty(parts * (dim + 2), dtype=torch.float32, device=q1.device)
+    acc, m, l = work.split_with_sizes((parts * dim, parts, parts))
+    counter = torch.zeros(batch * hkv, dtype=torch.int32, device=q1.device)
+    out = torch.empty(batch, hq, 1, dim, dtype=q2.dtype, device=q1.device)
+    one_launch_kernel[(splits, hkv, batch)](
+        q1, q2, k, v, offsets, back_table, back_table if forward_table is None else forward_table, decode_position,
+        mask, acc, m, l, counter, out,
+        q1.stride(0), q1.stride(1), q2.stride(0), q2.stride(1), k.stride(0), k.stride(1), k.stride(2),
+        0 if attention_mask is None else mask.stride(0),
+        hq, lkv, rep, window, decode_position.numel() - 1, offsets.numel(), LOG2E / math.sqrt(dim),
+        CHUNK=chunk, TOPK=topk, TOPK_POW2=pow2(topk), SLOTS=pow2(topk + 1), REP_PAD=max(pow2(rep), MIN_DOT),
+        BLOCK_S=block_s, D_HEAD=dim, BLOCK_D=block_d, BLOCK_K=max(block_k, MIN_DOT.value),
+        HAS_MASK=attention_mask is not None, HAS_FORWARD=forward_table is not None,
+        UPCAST=q1.device.type == "cpu" and q1.dtype == torch.bfloat16, num_warps=num_warps, num_stages=num_stages,
+    )
+    return out
