@@ -146,7 +146,10 @@ def test_grouped_first_allowed_key_over_several_mask_slices(variant, mask: str, 
     assert_close(got, x.oracle()[0], torch.float32, 256, variant.name)
 
 
-@pytest.mark.parametrize("variant", GROUPED, ids=[v.name for v in GROUPED])
+CHUNKED_SPANS = [v for v in GROUPED if v.name != "one_launch"]  # one_launch's splits: test_one_launch.py
+
+
+@pytest.mark.parametrize("variant", CHUNKED_SPANS, ids=[v.name for v in CHUNKED_SPANS])
 @pytest.mark.parametrize("mask", ["holes", "sparse holes", "none"])
 @pytest.mark.parametrize("chunk", [128, 100])
 def test_grouped_decode_runs_long_spans_in_several_chunks(variant, chunk: int, mask: str, gen: torch.Generator) -> None:
