@@ -166,7 +166,9 @@ def one_launch_kernel(
         acc = tl.zeros((SLOTS * REP_PAD, BLOCK_D), dtype=tl.float32)
         m = tl.full((SLOTS * REP_PAD,), float("-inf"), tl.float32)
         l = tl.zeros((SLOTS * REP_PAD,), dtype=tl.float32)
-        for other in range(0, splits):  # the loads bypass L1: other programs wrote these partials
+        # Loads of later splits in flight while one merges (they do not depend on the running state);
+        # they bypass L1: other programs wrote these partials.
+        for other in tl.range(0, splits, num_stages=3):
             part = (group_row * splits + other) * SLOTS * REP_PAD + rows
             part_m = tl.load(m_ptr + part, cache_modifier=".cg")
             m_new = tl.maximum(m, part_m)
