@@ -43,6 +43,22 @@ def chosen_anchor(cand_score_ptr, cand_anchor_ptr, row, slot, N_CANDIDATES,
 
 
 @triton.jit
+def anchored_span(anchor, score, back_ptr, forward_ptr, pos, first, WINDOW, L_KV, HAS_FORWARD: tl.constexpr):
+    """[lo, hi] of the span of each ``anchor`` (semantics section 3, step 3; hi = -1 where ``score``
+    is -inf: no span), its lengths from the exact tables: the forward one counted from the row's
+    first allowed key ``first`` (from key 0 when it is 0 or ``L_KV``, none found) and cut before the
+    window."""
+    t = pos + 1
+    lo = tl.maximum(anchor - tl.load(back_ptr + t), 0)
+    hi = anchor.to(tl.int64)
+    if HAS_FORWARD:
+        from_key = tl.where((first > 0) & (first < L_KV), first, 0)  # first < window start < t
+        hi = tl.minimum(anchor + tl.load(forward_ptr + t - from_key), pos - WINDOW)  # the key before the window
+    hi = tl.where(score > float("-inf"), hi, -1)
+    return lo.to(tl.int32), hi.to(tl.int32)
+
+
+@triton.jit
 def _attend(
     q, K_ptr, V_ptr, kv_base, stride_kl, mask_ptr, mask_base, lo, hi, offs_d, d_mask, qk_scale,
     BLOCK_K: tl.constexpr, HAS_MASK: tl.constexpr, UPCAST: tl.constexpr,

@@ -43,7 +43,7 @@ import triton.language as tl
 from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
 from ..kernel_helpers import allowed_keys, finite_or_zero, holds_nan, in_rows, load_key_block, online_softmax_step, tc_dot, tile_range
-from .group_attend import MIN_DOT, NO_ANCHOR, clamped_position, gated_merge
+from .group_attend import MIN_DOT, NO_ANCHOR, anchored_span, clamped_position, gated_merge
 from .group_stage import _multiprocessors, run_group_kernel
 from .grouped_plan import MAX_SPAN_ROWS, cdiv, pow2, span_chunk_length, span_rows
 
@@ -80,19 +80,12 @@ def _chosen_spans(
         anchor = tl.where(row_slot == j, tl.max(tl.where(of_head, pick[None, :], NO_ANCHOR), axis=1), anchor)
         scores = tl.where(anchors == pick[:, None], float("-inf"), scores)
 
-    t = pos + 1
-    lo = tl.maximum(anchor - tl.load(back_ptr + t), 0)
-    hi = anchor.to(tl.int64)
-    if HAS_FORWARD:
-        forward = tl.load(forward_ptr + t)  # counted from key 0: right unless the mask hides key 0
-        if FIRST_FROM_MASK:  # the first allowed key: min over the slices (L_KV when none)
-            slices = tl.arange(0, SLICES_POW2)
-            first = tl.min(tl.load(first_ptr + batch * N_SLICES + slices, mask=slices < N_SLICES, other=L_KV), axis=0)
-            if (first > 0) & (first < L_KV):
-                forward = tl.load(forward_ptr + t - first)  # first < window start < t
-        hi = tl.minimum(anchor + forward, pos - WINDOW)  # the key before the window
-    hi = tl.where(score > float("-inf"), hi, -1)
-    return score, lo.to(tl.int32), hi.to(tl.int32)
+    first = 0
+    if FIRST_FROM_MASK:  # the first allowed key: min over the slices (L_KV when none)
+        slices = tl.arange(0, SLICES_POW2)
+        first = tl.min(tl.load(first_ptr + batch * N_SLICES + slices, mask=slices < N_SLICES, other=L_KV), axis=0)
+    lo, hi = anchored_span(anchor, score, back_ptr, forward_ptr, pos, first, WINDOW, L_KV, HAS_FORWARD)
+    return score, lo, hi
 
 
 @triton.jit

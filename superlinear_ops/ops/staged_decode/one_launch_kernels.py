@@ -31,7 +31,7 @@ import triton.language as tl
 
 from ...launch import key_value_pair, unit_stride
 from ..kernel_helpers import LOG2E, tc_dot, window_bounds
-from .group_attend import MIN_DOT, NO_ANCHOR, clamped_position
+from .group_attend import MIN_DOT, NO_ANCHOR, anchored_span, clamped_position
 from .group_spans_kernels import attend_row_ranges
 from .group_stage import _first_allowed, mask_operand
 from .grouped_plan import MAX_SPAN_ROWS, cdiv, one_launch_rows, pow2
@@ -100,22 +100,14 @@ def _row_ranges(
         head_anchor = tl.max(tl.where(slots[None, :] == j, best_anchor, NO_ANCHOR), axis=1)
         score = tl.where(row_slot == j, tl.max(tl.where(of_head, head_score[None, :], float("-inf")), axis=1), score)
         anchor = tl.where(row_slot == j, tl.max(tl.where(of_head, head_anchor[None, :], NO_ANCHOR), axis=1), anchor)
-    t = pos + 1
     window_lo, window_hi = window_bounds(pos, WINDOW)
-    lo = tl.maximum(anchor - tl.load(back_ptr + t), 0)
-    hi = anchor.to(tl.int64)
-    if HAS_FORWARD:
-        forward = tl.load(forward_ptr + t)  # counted from key 0: right unless the mask hides key 0
-        if HAS_MASK:
-            first = _first_allowed(mask_row_ptr, 0, window_lo, L_KV, 256)
-            if (first > 0) & (first < L_KV):
-                forward = tl.load(forward_ptr + t - first)  # first < window start < t
-        hi = tl.minimum(anchor + forward, pos - WINDOW)  # the key before the window
-    live = (row_head < REP) & (score > float("-inf"))
+    first = 0
+    if HAS_FORWARD and HAS_MASK:  # the row's first allowed key before the window (L_KV when none)
+        first = _first_allowed(mask_row_ptr, 0, window_lo, L_KV, 256)
+    lo, hi = anchored_span(anchor, score, back_ptr, forward_ptr, pos, first, WINDOW, L_KV, HAS_FORWARD)
     lo = tl.where(row_slot == TOPK, window_lo, lo)
-    hi = tl.where(row_slot == TOPK, window_hi, tl.where(live, hi, -1))
-    hi = tl.where(row_head < REP, hi, -1)
-    return score, lo.to(tl.int32), hi.to(tl.int32)
+    hi = tl.where(row_slot == TOPK, window_hi, hi)
+    return score, lo.to(tl.int32), tl.where(row_head < REP, hi, -1).to(tl.int32)
 
 
 @triton.jit
