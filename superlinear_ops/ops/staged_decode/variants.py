@@ -248,16 +248,11 @@ def one_launch_check(problem: Problem, config: KernelConfig) -> str | None:
 
 
 def one_launch_default(problem: Problem) -> KernelConfig:
-    """Heuristic one_launch configuration: 64-key blocks (32 past D = 128) on 8 warps, 3 stages
-    (fewer where they do not fit), splits of 512 keys made longer until the partials fit."""
-    block_k = 64 if problem.head_dim <= 128 else 32
-    for stages in (3, 2, 1):
-        config = KernelConfig(block_k=block_k, num_warps=8, num_stages=stages, chunk=512)
-        while one_launch_check(problem, config) is not None and config.chunk < 4096:
-            config = config.replace(chunk=2 * config.chunk)
-        if one_launch_check(problem, config) is None:
-            return config
-    return config
+    """Heuristic one_launch configuration: group_spans' (``decode_default`` over each KV group's
+    keys, on 8 warps), its splits made longer until the partials fit."""
+    config = decode_default(problem, problem.keys, problem.batch * problem.kv_heads, one_launch_check,
+                            longer_chunks=True)
+    return config.replace(num_warps=8)
 
 
 def one_launch_reasons(problem: Problem) -> list[str]:
