@@ -150,8 +150,7 @@ CHUNKED_SPANS = [v for v in GROUPED if v.name != "one_launch"]  # one_launch's s
 
 
 @pytest.mark.parametrize("variant", CHUNKED_SPANS, ids=[v.name for v in CHUNKED_SPANS])
-@pytest.mark.parametrize("mask", ["holes", "sparse holes", "none"])
-@pytest.mark.parametrize("chunk", [128, 100])
+@pytest.mark.parametrize(("chunk", "mask"), [(128, "holes"), (100, "sparse holes"), (100, "none")])
 def test_grouped_decode_runs_long_spans_in_several_chunks(variant, chunk: int, mask: str, gen: torch.Generator) -> None:
     """Spans of about 260 keys in chunks of 128 keys, or 100 (not a power of two, nor a multiple of the
     16-key blocks: the last block of a chunk ends inside the next one), three or more programs per span with several blocks each, two rows with
