@@ -71,6 +71,13 @@ def default_params(problem: Problem) -> dict:
     return params_of(variant, variant.default(problem))
 
 
+def variant_default_params(problem: Problem) -> list[dict]:
+    """The trial parameters of every tunable variant's default configuration that lies in its
+    declared space: a short search still measures each variant's heuristic once."""
+    return [params_of(v, v.default(problem)) for v in tunable_variants(problem)
+            if all(v.default(problem)[p.name] in p.values for p in v.space)]
+
+
 def earlier_winner_params(problem: Problem, variant_name: str, config: KernelConfig) -> dict | None:
     """The trial parameters of a winner stored for ``problem`` before (perhaps by an older version
     of its code), so that a re-tune measures it again: tunables added since take their default
@@ -146,8 +153,9 @@ def finished_trials(study: optuna.Study) -> list[optuna.trial.FrozenTrial]:
 
 def counted_trials(study: optuna.Study) -> list[optuna.trial.FrozenTrial]:
     """The finished trials that count against ``SearchSettings.trials``: all but the configurations
-    the static check refused, which cost no GPU time."""
-    return [t for t in finished_trials(study) if REFUSED not in t.user_attrs]
+    the static check refused, which cost no GPU time, and the trials Ctrl-C stopped, which measured
+    nothing (a resumed run measures them again)."""
+    return [t for t in finished_trials(study) if not {REFUSED, INTERRUPTED} & set(t.user_attrs)]
 
 
 def _stop_after(trials: int) -> Callable[[optuna.Study, optuna.trial.FrozenTrial], None]:
@@ -200,8 +208,8 @@ def run_search(
 
     The default runs first, then ``earlier`` (trial parameters of a winner stored before, kept on
     the study as ``EARLIER`` when the study begins), then ``sibling`` (a winner measured on another
-    GPU of the architecture, stale or not: kept as ``SIBLING``), each once per study (a queued
-    trial counts). ``known`` failures (by variant and configuration text) are recorded failed
+    GPU of the architecture, stale or not: kept as ``SIBLING``), then every other variant's default,
+    each once per study (a queued trial counts). ``known`` failures (by variant and configuration text) are recorded failed
     without running; ``on_failure`` hears of every new failure.
     """
     variants = {v.name: v for v in tunable_variants(problem)}
@@ -212,9 +220,14 @@ def run_search(
     if EARLIER not in study.user_attrs and not study.get_trials(deepcopy=False):
         study.set_user_attr(SIBLING, sibling)
         study.set_user_attr(EARLIER, earlier)  # last: its presence says both are recorded
-    for params in (default_params(problem), earlier, sibling):
+    # Queued in that order while the trial budget has room: no queued trial outlives this run.
+    room = None if settings.trials is None else settings.trials - len(counted_trials(study))
+    for params in (default_params(problem), earlier, sibling, *variant_default_params(problem)):
+        trials = study.get_trials(deepcopy=False)
+        if room is not None and sum(t.state == TrialState.WAITING for t in trials) >= room:
+            break
         if params is not None and not any(t.system_attrs.get("fixed_params", t.params) == params and INTERRUPTED not in t.user_attrs
-                                          for t in study.get_trials(deepcopy=False)):
+                                          for t in trials):
             study.enqueue_trial(params)
 
     def objective(trial: optuna.Trial) -> float:

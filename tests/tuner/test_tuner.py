@@ -536,6 +536,31 @@ def test_the_winner_stored_before_is_recorded_once_as_the_study_begins(decode_wo
     assert any(t.params == other for t in study.trials), "the stored winner is still measured again"
 
 
+def test_a_short_search_measures_every_variant_default_and_leaves_nothing_queued(decode_workload) -> None:
+    """After the problem's default, each other tunable variant's default runs once, in the registry's
+    order, while the trial budget has room (so a short search cannot miss a variant whose heuristic
+    wins); a smaller budget leaves no queued trial behind for the next run."""
+    from superlinear_ops.tuner.faults import Outcome
+    from superlinear_ops.tuner.search import params_of, run_search, tunable_variants
+
+    case = load(decode_workload).cases(device_identity(CPU))[0]
+    fallback = REGISTRY.fallback(case.problem)
+    expected = [params_of(fallback, fallback.default(case.problem))]
+    for variant in tunable_variants(case.problem):
+        default = variant.default(case.problem)
+        if variant is not fallback and all(default[p.name] in p.values for p in variant.space):
+            expected.append(params_of(variant, default))
+    assert len(expected) >= 4, expected
+    evaluate = lambda name, config: Outcome(milliseconds=1.0, max_error=0.0)  # noqa: E731
+    study = optuna.create_study()
+    run_search(study, case.problem, evaluate, SearchSettings(trials=len(expected)))
+    assert [t.params for t in study.trials] == expected
+    short = optuna.create_study()
+    run_search(short, case.problem, evaluate, SearchSettings(trials=2))
+    assert [t.params for t in short.trials] == expected[:2]
+    assert all(t.state == TrialState.COMPLETE for t in short.trials)
+
+
 def test_confirmation_skips_a_default_winner_and_keeps_trial_times_when_a_rerun_fails(decode_workload) -> None:
     from superlinear_ops.tuner.faults import CRASH, Failure, Outcome
     from superlinear_ops.tuner.search import params_of
