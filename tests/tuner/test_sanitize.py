@@ -94,11 +94,14 @@ def test_a_child_tells_apart_two_problems_that_share_a_label(tmp_path, monkeypat
 def test_dry_run_on_cpu_reports_every_configuration_of_the_swept_layouts(capsys) -> None:
     from superlinear_ops.cli import main
 
-    assert main(["sanitize", str(ROOT / "tuning" / "quick.yaml"), "--problems", LAYER, "--device", "cpu", "--jobs", "2"]) == 0
-    assert "over 1 layouts, 0 with errors (dry run, no sanitizer, " in capsys.readouterr().out
     rows = sanitize(str(ROOT / "tuning" / "quick.yaml"), "cpu", only=LAYER, progress_bar=False)
     case = layouts(str(ROOT / "tuning" / "quick.yaml"), device_identity(torch.device("cpu")), LAYER)[0]
     assert [(r.variant, r.config) for r in rows] == [(v.qualified_name, c.text()) for v, c in items(case)]
+    first = rows[0].variant.split("/")[1]  # the command's summary, over one variant's configurations
+    assert main(["sanitize", str(ROOT / "tuning" / "quick.yaml"), "--problems", LAYER, "--variants", f"^{first}$",
+                 "--device", "cpu", "--jobs", "2"]) == 0
+    summary = f"{sum(r.variant.endswith('/' + first) for r in rows)} configurations over 1 layouts, 0 with errors (dry run, no sanitizer, "
+    assert summary in capsys.readouterr().out
     assert len(rows) > 1 and all(r.clean for r in rows), [r for r in rows if not r.clean]
 
 

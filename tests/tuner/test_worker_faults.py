@@ -31,7 +31,7 @@ from superlinear_ops.tuner.workload import load
 NAME = "after_faults"
 OK, STICKY = 1, 2
 STICKY_TEXT = "CUDA error: an illegal memory access was encountered"
-SLOW_S = 0.05  # added to each launch of block_k=16 (the default): the candidates after a fault are faster
+SLOW_S = 0.2  # added to each launch of block_k=16 (the default): the candidates after a fault are faster
 CPU = torch.device("cpu")
 _context_broken = False  # set in a worker process by a sticky fault, as a real one breaks its CUDA context
 

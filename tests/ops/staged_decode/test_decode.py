@@ -153,7 +153,7 @@ CHUNKED_SPANS = [v for v in GROUPED if v.name != "one_launch"]  # one_launch's s
 @pytest.mark.parametrize(("chunk", "mask"), [(128, "holes"), (100, "sparse holes"), (100, "none")])
 def test_grouped_decode_runs_long_spans_in_several_chunks(variant, chunk: int, mask: str, gen: torch.Generator) -> None:
     """Spans of about 260 keys in chunks of 128 keys, or 100 (not a power of two, nor a multiple of the
-    16-key blocks: the last block of a chunk ends inside the next one), three or more programs per span with several blocks each, two rows with
+    32-key blocks: the last block of a chunk ends inside the next one), three or more programs per span with several blocks each, two rows with
     different masks (or none): every chunk's partial is stored where its head's merge reads it. With 2%
     holes many chunks hold theirs only past their first keys, where the mask entries are read a block ahead
     of the loads they decide. stripe_spans chunks every stripe's span the same way, and its merge finds the
@@ -164,7 +164,7 @@ def test_grouped_decode_runs_long_spans_in_several_chunks(variant, chunk: int, m
         x.mask.copy_(torch.rand(x.mask.shape, generator=gen) >= 0.02)
     expected, traces = x.oracle()
     assert max(end - start + 1 for trace in traces.values() for _, _, start, end in trace.chosen) > 2 * 128
-    got, config = launch_variant(variant, x, changes={"chunk": chunk})
+    got, config = launch_variant(variant, x, block_k=32, changes={"chunk": chunk})
     assert config.chunk == chunk, f"the launch ran chunk {config.chunk}, not {chunk}"
     assert_close(got, expected, torch.float32, case.lkv, variant.name)
 
@@ -265,7 +265,7 @@ def test_row_tiles_keep_a_value_one_head_attends_out_of_the_others(variant, pois
     hit = [head for head, keys in attends.items() if key in keys]
     missed = [head for head in attends if head not in hit]
     assert not torch.isfinite(expected[0, hit]).any() and torch.isfinite(expected[0, missed]).all()
-    got, config = launch_variant(variant, x, changes={"chunk": chunk})
+    got, config = launch_variant(variant, x, block_k=32, changes={"chunk": chunk})
     assert config.chunk == chunk
     assert not torch.isfinite(got[0, hit]).any(), f"value {key} attended by heads {hit}: finite output"
     assert_close(got[0, missed], expected[0, missed], torch.float32, case.lkv, f"heads {missed} (key {key} unattended)")
