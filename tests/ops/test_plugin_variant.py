@@ -58,7 +58,8 @@ def test_a_variant_in_one_file_is_listed_explained_tuned_verified_and_swept(tmp_
                    cache=str(cache), device=CPU, progress=False)
     assert [r.variant for r in results] == ["toy_row_chunks"], results  # PyTorch beats the interpreted kernel
 
-    assert main(["verify", str(workload), "--cache", str(cache), "--device", "cpu", "--require-all"]) == 0
+    # Checked against the reference; the timing margin is left wide: CPU timings under a loaded test run are noise.
+    assert main(["verify", str(workload), "--cache", str(cache), "--device", "cpu", "--require-all", "--threshold", "10"]) == 0
     capsys.readouterr()
     superlinear_ops.use_cache(cache)
     assert main(["explain", *PROBLEM_FLAGS]) == 0
