@@ -71,11 +71,16 @@ def default_params(problem: Problem) -> dict:
     return params_of(variant, variant.default(problem))
 
 
-def variant_default_params(problem: Problem) -> list[dict]:
-    """The trial parameters of every tunable variant's default configuration that lies in its
+def in_space(variant: Variant, values) -> bool:
+    """Whether every tunable of ``variant`` takes a value its declared space holds."""
+    return all(values.get(p.name) in p.values for p in variant.space)
+
+
+def variant_default_params(problem: Problem, variants: list[Variant]) -> list[dict]:
+    """The trial parameters of each of ``variants``' default configuration that lies in its
     declared space: a short search still measures each variant's heuristic once."""
-    return [params_of(v, v.default(problem)) for v in tunable_variants(problem)
-            if all(v.default(problem)[p.name] in p.values for p in v.space)]
+    defaults = [(v, v.default(problem)) for v in variants]
+    return [params_of(v, config) for v, config in defaults if in_space(v, config)]
 
 
 def earlier_winner_params(problem: Problem, variant_name: str, config: KernelConfig) -> dict | None:
@@ -86,7 +91,7 @@ def earlier_winner_params(problem: Problem, variant_name: str, config: KernelCon
     if variant is None:
         return None
     values = {**variant.default(problem), **config}
-    if any(values.get(p.name) not in p.values for p in variant.space):
+    if not in_space(variant, values):
         return None
     return params_of(variant, KernelConfig({p.name: values[p.name] for p in variant.space}))
 
@@ -222,7 +227,7 @@ def run_search(
         study.set_user_attr(EARLIER, earlier)  # last: its presence says both are recorded
     # Queued in that order while the trial budget has room: no queued trial outlives this run.
     room = None if settings.trials is None else settings.trials - len(counted_trials(study))
-    for params in (default_params(problem), earlier, sibling, *variant_default_params(problem)):
+    for params in (default_params(problem), earlier, sibling, *variant_default_params(problem, list(variants.values()))):
         trials = study.get_trials(deepcopy=False)
         if room is not None and sum(t.state == TrialState.WAITING for t in trials) >= room:
             break

@@ -19,7 +19,7 @@ from .. import rules
 from ..span_attention.variants import reference_forward, triton_forward
 from ..spec import span_length
 from .grouped import group_spans_decode, grouped_decode, one_launch_decode, stripe_spans_decode
-from .grouped_plan import MAX_SPAN_ROWS, MIN_DOT, WINDOW_CHUNK, one_launch_rows, span_chunk_length, span_rows
+from .grouped_plan import MAX_SPAN_ROWS, MIN_DOT, WINDOW_CHUNK, cdiv, one_launch_rows, pow2, span_chunk_length, span_rows
 from .split_window import split_window_decode
 from .staged import staged_decode
 
@@ -228,7 +228,8 @@ GROUP_SPANS = Variant(
 # --- staged_decode/one_launch ------------------------------------------------------------------------
 
 # Key positions per program (the search is repeated in each: longer splits repeat it less).
-ONE_LAUNCH_SPACE = (*DECODE_TILES, Param("chunk", (128, 256, 512, 1024, 2048, 4096)))
+ONE_LAUNCH_CHUNKS = (128, 256, 512, 1024, 2048, 4096)
+ONE_LAUNCH_SPACE = (*DECODE_TILES, Param("chunk", ONE_LAUNCH_CHUNKS))
 # Keys above which one_launch does not apply (every program repeats the group's search over the
 # whole stripe table, a few dozen key rows at short contexts, hundreds past them), and the
 # partials' budget (one per row and split).
@@ -255,8 +256,8 @@ def one_launch_default(problem: Problem) -> KernelConfig:
     M's 4K this picks the fastest chunk of a sweep at B 1, 4 and 16."""
     groups = problem.batch * problem.kv_heads
     config = decode_default(problem, problem.keys, groups, one_launch_check, longer_chunks=True)
-    per_multiprocessor = next_power_of_two(-(-problem.keys * groups // max(problem.device.multiprocessors, 1)))
-    return config.replace(chunk=max(config.chunk, ONE_LAUNCH_MIN_CHUNK, min(per_multiprocessor, ONE_LAUNCH_SPACE[-1].values[-1])))
+    per_multiprocessor = pow2(cdiv(problem.keys * groups, max(problem.device.multiprocessors, 1)))
+    return config.replace(chunk=max(config.chunk, ONE_LAUNCH_MIN_CHUNK, min(per_multiprocessor, max(ONE_LAUNCH_CHUNKS))))
 
 
 def one_launch_reasons(problem: Problem) -> list[str]:
