@@ -132,6 +132,8 @@ PLANTS = {
     "one_launch: first allowed key not searched": (OL, "first = _first_allowed(mask_row_ptr, 0, window_lo, L_KV, 256)", "first = _first_allowed(mask_row_ptr, 0, window_lo, L_KV, 256) * 0", "tests/ops/staged_decode/test_one_launch.py -k first_allowed"),
     "one_launch: a head that chose no span gets no output": (OL, "tl.exp(scores - tl.where(any_chosen, top, 0.0)[None, :]), 1.0)", "tl.exp(scores - tl.where(any_chosen, top, 0.0)[None, :]), 0.0)", decode("one_launch")),
     "one_launch: spans merged without their window": (OL, "weighted = acc3 * a_span[:, :, None] + w_acc[None, :, :] * a_window[:, :, None]", "weighted = acc3 * a_span[:, :, None]", decode("one_launch")),
+    "one_launch: the merge drops the first split": (OL, 'held = part_m != float("-inf")', 'held = (part_m != float("-inf")) & (other > 0)', "tests/ops/staged_decode/test_one_launch.py -k splits"),
+    "one_launch: the windows' partials not stored": (OL, 'mask=(m != float("-inf"))[:, None]', 'mask=(m != float("-inf"))[:, None] & (rows < TOPK * REP_PAD)[:, None]', "tests/ops/staged_decode/test_one_launch.py -k splits"),
     "one_launch: a hidden stripe searched": (OL, "valid = valid & (tl.load(mask_row_ptr + loc, mask=valid, other=0) != 0)", "valid = valid", decode("one_launch")),
     "grouped: a chunk reaching past its anchor skips the first allowed key": (G, "if lo + chunk * CHUNK + CHUNK - 1 > anchor:", "if lo + chunk * CHUNK > anchor:", "tests/ops/staged_decode/test_decode_mask.py -k grouped"),
     "stripe_spans: a chunk reaching past its anchor skips the first allowed key": (GST, "            if hi > loc:\n", "            if hi > loc + 1000:\n", "tests/ops/staged_decode/test_decode_mask.py -k stripe_spans"),

@@ -149,27 +149,32 @@ def one_launch_kernel(
                                   offs_d, d_mask, qk_scale, BLOCK_K, HAS_MASK, UPCAST)
     group_row = batch * (H_Q // REP) + group
     part = (group_row * splits + split) * SLOTS * REP_PAD + rows
-    tl.store(acc_ptr + part[:, None] * D_HEAD + offs_d[None, :], acc, mask=d_mask[None, :])
+    # A row with no key in this split keeps m = -inf: its weighted values are neither stored nor merged.
+    tl.store(acc_ptr + part[:, None] * D_HEAD + offs_d[None, :], acc, mask=(m != float("-inf"))[:, None] & d_mask[None, :])
     tl.store(m_ptr + part, m)
     tl.store(l_ptr + part, l)
 
     tl.debug_barrier()  # every thread's partials are written before the release below
     if tl.atomic_add(counter_ptr + group_row, 1, sem="acq_rel", scope="gpu") == splits - 1:
-        acc = tl.zeros((SLOTS * REP_PAD, BLOCK_D), dtype=tl.float32)
+        # Two passes over the splits' partials (they bypass L1: other programs wrote them). The first
+        # finds each row's largest max; the second adds the partials rescaled to it, each split's loads
+        # independent of the others' (no running rescale), only where the split holds the row's keys.
         m = tl.full((SLOTS * REP_PAD,), float("-inf"), tl.float32)
+        for other in tl.range(0, splits, num_stages=3):
+            m = tl.maximum(m, tl.load(m_ptr + (group_row * splits + other) * SLOTS * REP_PAD + rows, cache_modifier=".cg"),
+                           propagate_nan=tl.PropagateNan.ALL)  # a NaN max (from a NaN query) makes the row NaN
+        m_ref = tl.where(m == float("-inf"), 0.0, m)
+        acc = tl.zeros((SLOTS * REP_PAD, BLOCK_D), dtype=tl.float32)
         l = tl.zeros((SLOTS * REP_PAD,), dtype=tl.float32)
-        # Loads of later splits in flight while one merges (they do not depend on the running state);
-        # they bypass L1: other programs wrote these partials.
         for other in tl.range(0, splits, num_stages=3):
             part = (group_row * splits + other) * SLOTS * REP_PAD + rows
             part_m = tl.load(m_ptr + part, cache_modifier=".cg")
-            m_new = tl.maximum(m, part_m)
-            m_ref = tl.where(m_new == float("-inf"), 0.0, m_new)
-            alpha, beta = tl.exp2(m - m_ref), tl.exp2(part_m - m_ref)
-            l = l * alpha + tl.load(l_ptr + part, cache_modifier=".cg") * beta
-            acc = acc * alpha[:, None] + beta[:, None] * tl.load(
-                acc_ptr + part[:, None] * D_HEAD + offs_d[None, :], mask=d_mask[None, :], other=0.0, cache_modifier=".cg")
-            m = m_new
+            held = part_m != float("-inf")
+            scale = tl.where(held, tl.exp2(part_m - m_ref), 0.0)
+            l += tl.load(l_ptr + part, mask=held, other=0.0, cache_modifier=".cg") * scale
+            acc += scale[:, None] * tl.load(
+                acc_ptr + part[:, None] * D_HEAD + offs_d[None, :], mask=held[:, None] & d_mask[None, :], other=0.0,
+                cache_modifier=".cg")
         # [slot, head] views: each span with its head's window (slot TOPK), then the gate over the slots.
         slot = tl.arange(0, SLOTS)[:, None]
         acc3 = tl.reshape(acc, (SLOTS, REP_PAD, BLOCK_D))
