@@ -5,9 +5,9 @@ problems included), every configuration of ``--variant`` (a decode variant that 
 grouped, stripe_spans, group_spans or one_launch) in the product of ``--chunks`` x ``--block-k`` x
 ``--warps`` x ``--stages`` is checked against the float64 reference and timed as the tuner times
 it (``ProblemBench``: a replayed CUDA graph, L2 flushed, the mean over the problem's mask kinds
-and fills), beside the dispatcher's choice (the shipped file with a clean user
-cache) timed the same way in the same run. Configurations the variant refuses are listed with
-their reason; failures are kept with their message. One JSON row per problem is printed as it
+and fills), beside the dispatcher's choice (the shipped file with a clean user cache) timed the
+same way in the same run. Configurations the variant refuses are listed with their reason;
+failures are kept with their message. One JSON row per problem is printed as it
 finishes, and all of them are written to ``--out`` with the sweep sorted by time.
 
 Run on a GPU:  PYTHONPATH=. python benchmarks/decode_tile_sweep.py --cases '^decode 65536' --stages 3 4 6 8

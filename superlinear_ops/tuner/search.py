@@ -214,8 +214,8 @@ def run_search(
     The default runs first, then ``earlier`` (trial parameters of a winner stored before, kept on
     the study as ``EARLIER`` when the study begins), then ``sibling`` (a winner measured on another
     GPU of the architecture, stale or not: kept as ``SIBLING``), then every other variant's default,
-    each once per study (a queued trial counts). ``known`` failures (by variant and configuration text) are recorded failed
-    without running; ``on_failure`` hears of every new failure.
+    each once per study (a queued trial counts). ``known`` failures (by variant and configuration
+    text) are recorded failed without running; ``on_failure`` hears of every new failure.
     """
     variants = {v.name: v for v in tunable_variants(problem)}
     if not variants:

@@ -153,11 +153,11 @@ CHUNKED_SPANS = [v for v in GROUPED if v.name != "one_launch"]  # one_launch's s
 @pytest.mark.parametrize(("chunk", "mask"), [(128, "holes"), (100, "sparse holes"), (100, "none")])
 def test_grouped_decode_runs_long_spans_in_several_chunks(variant, chunk: int, mask: str, gen: torch.Generator) -> None:
     """Spans of about 260 keys in chunks of 128 keys, or 100 (not a power of two, nor a multiple of the
-    32-key blocks: the last block of a chunk ends inside the next one), three or more programs per span with several blocks each, two rows with
-    different masks (or none): every chunk's partial is stored where its head's merge reads it. With 2%
-    holes many chunks hold theirs only past their first keys, where the mask entries are read a block ahead
-    of the loads they decide. stripe_spans chunks every stripe's span the same way, and its merge finds the
-    chosen stripes' chunks among them."""
+    32-key blocks: the last block of a chunk ends inside the next one), three or more programs per span
+    with several blocks each, two rows with different masks (or none): every chunk's partial is stored
+    where its head's merge reads it. With 2% holes many chunks hold theirs only past their first keys,
+    where the mask entries are read a block ahead of the loads they decide. stripe_spans chunks every
+    stripe's span the same way, and its merge finds the chosen stripes' chunks among them."""
     case = DecodeCase("fp32", 2, hkv=2, lkv=2048, pos=2000, power=FLOAT55, sw_index=6, mask=mask.split()[-1])
     x = make_decode_inputs(case, gen)
     if mask == "sparse holes":
