@@ -33,7 +33,7 @@ GST = "superlinear_ops/ops/staged_decode/group_stage.py"
 DV = "superlinear_ops/ops/staged_decode/variants.py"
 SS = "superlinear_ops/ops/staged_decode/stripe_spans_kernels.py"
 GS = "superlinear_ops/ops/staged_decode/group_spans_kernels.py"
-OL = "superlinear_ops/ops/staged_decode/one_launch_kernels.py"
+OL = "superlinear_ops/ops/staged_decode/split_keys_kernels.py"
 S = "superlinear_ops/ops/staged_decode/stripe_search_kernel.py"
 SPLIT = "superlinear_ops/ops/staged_decode/split_window_kernels.py"
 TCF = "superlinear_ops/ops/span_attention/tile_forward.py"
@@ -125,16 +125,18 @@ PLANTS = {
     "group_spans: the mask ignored": (GS, "HAS_MASK, False, UPCAST)", "False, False, UPCAST)", "tests/ops/staged_decode/test_decode_mask.py -k group_spans"),
     "group_spans: a program walks only its first chunk": (GS, "for chunk in range(tl.program_id(0), N_KEY_CHUNKS, tl.num_programs(0)):", "for chunk in range(tl.program_id(0), tl.program_id(0) + 1):", "tests/ops/staged_decode/test_decode.py -k walk"),
     "group_spans: the second pass ignores the mask": (GS, "MIN_DOT, HAS_MASK,", "MIN_DOT, False,", "tests/ops/staged_decode/test_decode_mask.py -k group_spans"),
-    "one_launch: the first program to finish merges": (OL, "== splits - 1:", "== 0:", "tests/ops/staged_decode/test_one_launch.py -k splits"),
-    "one_launch: a split drops its last key": (OL, "row_hi = tl.minimum(hi, split * CHUNK + CHUNK - 1)", "row_hi = tl.minimum(hi, split * CHUNK + CHUNK - 2)", "tests/ops/staged_decode/test_one_launch.py -k splits"),
-    "one_launch: the running top-k forgets earlier stripe blocks": (OL, "top = tl.maximum(tl.max(best, axis=1), tl.max(scores, axis=1))", "top = tl.max(scores, axis=1)", "tests/ops/staged_decode/test_one_launch.py -k earlier_block"),
+    "one_launch: the first program to finish merges": (OL, "== splits - 1:", "== 0:", "tests/ops/staged_decode/test_split_keys.py -k 'splits and one_launch'"),
+    "one_launch: a split drops its last key": (OL, "row_hi = tl.minimum(hi, split * CHUNK + CHUNK - 1)", "row_hi = tl.minimum(hi, split * CHUNK + CHUNK - 2)", "tests/ops/staged_decode/test_split_keys.py -k 'splits and one_launch'"),
+    "one_launch: the running top-k forgets earlier stripe blocks": (OL, "top = tl.maximum(tl.max(best, axis=1), tl.max(scores, axis=1))", "top = tl.max(scores, axis=1)", "tests/ops/staged_decode/test_split_keys.py -k earlier_block"),
     "one_launch: the window ends a key early": (OL, "hi = tl.where(row_slot == TOPK, window_hi, ", "hi = tl.where(row_slot == TOPK, window_hi - 1, ", decode("one_launch")),
-    "one_launch: first allowed key not searched": (OL, "first = _first_allowed(mask_row_ptr, 0, window_lo, L_KV, 256)", "first = _first_allowed(mask_row_ptr, 0, window_lo, L_KV, 256) * 0", "tests/ops/staged_decode/test_one_launch.py -k first_allowed"),
+    "one_launch: first allowed key not searched": (OL, "first = _first_allowed(mask_row_ptr, 0, window_lo, L_KV, 256)", "first = _first_allowed(mask_row_ptr, 0, window_lo, L_KV, 256) * 0", "tests/ops/staged_decode/test_split_keys.py -k first_allowed"),
     "one_launch: a head that chose no span gets no output": (OL, "tl.exp(scores - tl.where(any_chosen, top, 0.0)[None, :]), 1.0)", "tl.exp(scores - tl.where(any_chosen, top, 0.0)[None, :]), 0.0)", decode("one_launch")),
     "one_launch: spans merged without their window": (OL, "weighted = acc3 * a_span[:, :, None] + w_acc[None, :, :] * a_window[:, :, None]", "weighted = acc3 * a_span[:, :, None]", decode("one_launch")),
-    "one_launch: the merge drops the first split": (OL, 'held = part_m != float("-inf")', 'held = (part_m != float("-inf")) & (other > 0)', "tests/ops/staged_decode/test_one_launch.py -k splits"),
-    "one_launch: the windows' partials not stored": (OL, 'mask=(m != float("-inf"))[:, None]', 'mask=(m != float("-inf"))[:, None] & (rows < TOPK * REP_PAD)[:, None]', "tests/ops/staged_decode/test_one_launch.py -k splits"),
+    "one_launch: the merge drops the first split": (OL, 'held = part_m != float("-inf")', 'held = (part_m != float("-inf")) & (other > 0)', "tests/ops/staged_decode/test_split_keys.py -k 'splits and one_launch'"),
+    "one_launch: the windows' partials not stored": (OL, 'mask=(m != float("-inf"))[:, None]', 'mask=(m != float("-inf"))[:, None] & (rows < TOPK * REP_PAD)[:, None]', "tests/ops/staged_decode/test_split_keys.py -k 'splits and one_launch'"),
     "one_launch: a hidden stripe searched": (OL, "valid = valid & (tl.load(mask_row_ptr + loc, mask=valid, other=0) != 0)", "valid = valid", decode("one_launch")),
+    "split_merge: the window merged without its last split": (OL, "counts, SPLITS, TOPK, TOPK_POW2", "counts, SPLITS - 1, TOPK, TOPK_POW2", "tests/ops/staged_decode/test_split_keys.py -k 'splits and split_merge'"),
+    "split_merge: span partials stored under each other's slots": (OL, "span_part = (head_row * TOPK + row_slot) * splits + split", "span_part = (head_row * TOPK + (TOPK - 1 - row_slot)) * splits + split", decode("split_merge")),
     "grouped: a chunk reaching past its anchor skips the first allowed key": (G, "if lo + chunk * CHUNK + CHUNK - 1 > anchor:", "if lo + chunk * CHUNK > anchor:", "tests/ops/staged_decode/test_decode_mask.py -k grouped"),
     "stripe_spans: a chunk reaching past its anchor skips the first allowed key": (GST, "            if hi > loc:\n", "            if hi > loc + 1000:\n", "tests/ops/staged_decode/test_decode_mask.py -k stripe_spans"),
     "grouped: a first allowed key of 1 read as key 0": (G, "if (first > 0) & (first < L_KV):\n                    forward = tl.load", "if (first > 1) & (first < L_KV):\n                    forward = tl.load", "tests/ops/staged_decode/test_decode_mask.py -k 'key_0_alone and grouped'"),

@@ -232,6 +232,7 @@ CAUSES = (  # (words in a reason, its cause in plain words): the first match nam
     ("tensor-core dot needs", "its dot would have fewer than 16 rows or columns"),
     ("heads already fill", "it takes several queries where 16 heads already fill the dot"),
     ("query heads of a KV group", "it takes more heads than a KV group has"),
+    ("a merge program holds", "it splits the keys more ways than one merge program holds"),
 )
 
 

@@ -32,5 +32,5 @@ def test_every_triton_atomic_names_its_memory_order() -> None:
     unnamed = [f"{f}:{line}" for f, line, kw in calls if "sem" not in kw]
     assert not unnamed, f"atomics without sem= (Triton's default is acq_rel): {unnamed}"
     ordered = [(f, kw["sem"]) for f, _, kw in calls if kw["sem"] != '"relaxed"']
-    assert ordered == [("ops/staged_decode/grouped_kernels.py", '"acq_rel"'), ("ops/staged_decode/one_launch_kernels.py", '"acq_rel"')], (
+    assert ordered == [("ops/staged_decode/grouped_kernels.py", '"acq_rel"'), ("ops/staged_decode/split_keys_kernels.py", '"acq_rel"')], (
         f"only the decodes' finished-program counters order memory (acq_rel); found {ordered}")

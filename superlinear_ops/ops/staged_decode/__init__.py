@@ -10,7 +10,9 @@ the window, the gate; CUDA-graph safe. Its variants (``variants``):
   of key positions, each key read once for the group, then a merge launch per head
   (``group_spans_kernels``);
 - ``one_launch``: search, spans, window and gate of each KV group in one launch, its keys split over
-  programs and merged by the last (``one_launch_kernels``): for short contexts;
+  programs and merged by the last (``split_keys_kernels``): for short contexts;
+- ``split_merge``: the same splits, merged by a second launch, one program per head
+  (``split_keys_kernels``): for short contexts;
 - ``split_window``: the stripe search in one Triton kernel (``stripe_search``,
   ``stripe_search_kernel``), then chunked span/window attention merged with the gate
   (``split_window_kernels``);

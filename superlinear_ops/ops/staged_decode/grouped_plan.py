@@ -33,7 +33,7 @@ def span_rows(rep: int, topk: int) -> int:
 
 
 def one_launch_rows(rep: int, topk: int) -> int:
-    """Rows of a ``one_launch_kernels`` program: ``topk`` span slots and the window, each of ``rep``
+    """Rows of a ``split_keys_kernels`` program: ``topk`` span slots and the window, each of ``rep``
     heads padded to a power of two of at least one tensor-core tile."""
     return pow2(topk + 1) * max(pow2(rep), MIN_DOT)
 

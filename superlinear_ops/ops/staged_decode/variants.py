@@ -7,6 +7,7 @@ Launch signature: ``launch(q1, q2, k, v, cache_position, attention_mask, setting
 
 from __future__ import annotations
 
+import math
 from functools import partial
 
 from ... import geometry
@@ -18,7 +19,7 @@ from ...settings import SpanSettings
 from .. import rules
 from ..span_attention.variants import reference_forward, triton_forward
 from ..spec import span_length
-from .grouped import group_spans_decode, grouped_decode, one_launch_decode, stripe_spans_decode
+from .grouped import group_spans_decode, grouped_decode, one_launch_decode, split_merge_decode, stripe_spans_decode
 from .grouped_plan import MAX_SPAN_ROWS, MIN_DOT, WINDOW_CHUNK, cdiv, one_launch_rows, pow2, span_chunk_length, span_rows
 from .split_window import split_window_decode
 from .staged import staged_decode
@@ -225,17 +226,21 @@ GROUP_SPANS = Variant(
     "the group's heads, each key read once for all of them, then a merge per head: three launches",
 )
 
-# --- staged_decode/one_launch ------------------------------------------------------------------------
+# --- staged_decode/one_launch and split_merge (the keys split over programs) -----------------------
 
 # Key positions per program (the search is repeated in each: longer splits repeat it less).
 ONE_LAUNCH_CHUNKS = (128, 256, 512, 1024, 2048, 4096)
 ONE_LAUNCH_SPACE = (*DECODE_TILES, Param("chunk", ONE_LAUNCH_CHUNKS))
-# Keys above which one_launch does not apply (every program repeats the group's search over the
-# whole stripe table, a few dozen key rows at short contexts, hundreds past them), and the
-# partials' budget (one per row and split).
+# Keys above which neither applies (every program repeats the group's search over the whole
+# stripe table, a few dozen key rows at short contexts, hundreds past them), and the partials'
+# budget (one per row and split).
 ONE_LAUNCH_KEYS = 1 << 17
 ONE_LAUNCH_MIN_CHUNK = 512
 ONE_LAUNCH_BYTES = 1 << 28
+# split_merge: a merge program holds a slot's partials of every split at once; its merge is
+# parallel, so shorter splits pay.
+SPLIT_MERGE_SPLITS = 64
+SPLIT_MERGE_MIN_CHUNK = 128
 
 
 def one_launch_check(problem: Problem, config: KernelConfig) -> str | None:
@@ -249,21 +254,45 @@ def one_launch_check(problem: Problem, config: KernelConfig) -> str | None:
     return row_tile_reason(problem, config, rows)
 
 
-def one_launch_default(problem: Problem) -> KernelConfig:
-    """Heuristic one_launch configuration: ``decode_default``'s tiles on 4 warps, with splits of at
-    least ``ONE_LAUNCH_MIN_CHUNK`` keys and about one program per multiprocessor (the last program
-    merges the splits one after another), made longer until the partials fit. On an H100 at model
-    M's 4K this picks the fastest chunk of a sweep at B 1, 4 and 16."""
+def split_merge_check(problem: Problem, config: KernelConfig) -> str | None:
+    """Why a split_merge configuration cannot build or run well: more than ``SPLIT_MERGE_SPLITS``
+    splits, or ``one_launch_check``."""
+    splits = cdiv(problem.keys, config.chunk)
+    if splits > SPLIT_MERGE_SPLITS:
+        return (f"chunk: {splits} splits of {config.chunk} keys > {SPLIT_MERGE_SPLITS} (a merge program holds "
+                "every split's partial at once; take longer splits)")
+    return one_launch_check(problem, config)
+
+
+def _split_keys_default(problem: Problem, check, min_chunk: int, programs_per_multiprocessor: float) -> KernelConfig:
+    """``decode_default``'s tiles on 4 warps, with splits of at least ``min_chunk`` keys and about
+    ``programs_per_multiprocessor`` programs per multiprocessor, made longer until ``check`` passes."""
     groups = problem.batch * problem.kv_heads
-    config = decode_default(problem, problem.keys, groups, one_launch_check, longer_chunks=True)
-    per_multiprocessor = pow2(cdiv(problem.keys * groups, max(problem.device.multiprocessors, 1)))
-    return config.replace(chunk=max(config.chunk, ONE_LAUNCH_MIN_CHUNK, min(per_multiprocessor, max(ONE_LAUNCH_CHUNKS))))
+    config = decode_default(problem, problem.keys, groups, check, longer_chunks=True)
+    programs = max(problem.device.multiprocessors, 1) * programs_per_multiprocessor
+    per_program = pow2(math.ceil(problem.keys * groups / programs))
+    return config.replace(chunk=max(config.chunk, min_chunk, min(per_program, max(ONE_LAUNCH_CHUNKS))))
 
 
-def one_launch_reasons(problem: Problem) -> list[str]:
-    """Why the one_launch decode kernel cannot serve ``problem``: the grouped rules, more rows per
-    KV group than one program holds, or so many keys that repeating the search in every program
-    cannot pay."""
+def one_launch_default(problem: Problem) -> KernelConfig:
+    """Heuristic one_launch configuration (``_split_keys_default``: splits of at least
+    ``ONE_LAUNCH_MIN_CHUNK``, about one program per multiprocessor, as the last program merges them
+    one after another). On an H100 at model M's 4K this picks the fastest chunk of a sweep at B 1,
+    4 and 16."""
+    return _split_keys_default(problem, one_launch_check, ONE_LAUNCH_MIN_CHUNK, 1)
+
+
+def split_merge_default(problem: Problem) -> KernelConfig:
+    """Heuristic split_merge configuration (``_split_keys_default``: splits of at least
+    ``SPLIT_MERGE_MIN_CHUNK``, about one program per two multiprocessors). On an H100 at model M's
+    4K this picks the fastest chunk of a sweep at B 1, 4 and 16 (128, 512 and 2048 keys)."""
+    return _split_keys_default(problem, split_merge_check, SPLIT_MERGE_MIN_CHUNK, 0.5)
+
+
+def _split_keys_reasons(problem: Problem, default, check) -> list[str]:
+    """Why a decode with the keys split over programs cannot serve ``problem``: the grouped rules,
+    more rows per KV group than one program holds, or so many keys that repeating the search in
+    every program cannot pay."""
     reasons = grouped_reasons(problem)
     rows = one_launch_rows(problem.rep, problem.spans)
     if rows > MAX_SPAN_ROWS:
@@ -272,15 +301,24 @@ def one_launch_reasons(problem: Problem) -> list[str]:
     if problem.keys > ONE_LAUNCH_KEYS:
         reasons.append(f"keys = {problem.keys} > {ONE_LAUNCH_KEYS}: every program repeats the group's search over the "
                        "whole stripe table")
-    return reasons or rules.misfit(problem, one_launch_default, one_launch_check)
+    return reasons or rules.misfit(problem, default, check)
 
 
 ONE_LAUNCH = Variant(
     op=STAGED_DECODE, name="one_launch", launch=one_launch_decode, space=ONE_LAUNCH_SPACE,
-    reasons=one_launch_reasons, compile_check=one_launch_check, default=one_launch_default,
+    reasons=partial(_split_keys_reasons, default=one_launch_default, check=one_launch_check),
+    compile_check=one_launch_check, default=one_launch_default,
     priority=5,  # short contexts only: the tuner chooses it where it wins
     description="stripe search, spans, window and gate per KV group in one launch, its keys split over programs "
     "(every key a row attends read once for the group), merged by the last program",
+)
+SPLIT_MERGE = Variant(
+    op=STAGED_DECODE, name="split_merge", launch=split_merge_decode, space=ONE_LAUNCH_SPACE,
+    reasons=partial(_split_keys_reasons, default=split_merge_default, check=split_merge_check),
+    compile_check=split_merge_check, default=split_merge_default,
+    priority=6,  # short contexts only: the tuner chooses it where it wins
+    description="one_launch's search, spans and window per KV group over split keys, merged by a second launch, "
+    "one program per head",
 )
 
 # --- staged_decode/split_window and staged (baselines), staged_reference --------------------------
@@ -301,4 +339,6 @@ STAGED_REFERENCE = Variant(
     description="stripe search and top-k in PyTorch, span attention by the PyTorch reference",
 )
 
-VARIANTS: tuple[Variant, ...] = (GROUPED, STRIPE_SPANS, SPLIT_WINDOW, STAGED, GROUP_SPANS, ONE_LAUNCH, STAGED_REFERENCE)
+VARIANTS: tuple[Variant, ...] = (
+    GROUPED, STRIPE_SPANS, SPLIT_WINDOW, STAGED, GROUP_SPANS, ONE_LAUNCH, SPLIT_MERGE, STAGED_REFERENCE,
+)

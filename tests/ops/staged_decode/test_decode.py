@@ -88,7 +88,7 @@ def test_float64_runs_the_reference_path_exactly(gen: torch.Generator) -> None:
 
 
 TRITON_DECODE = [v for v in REGISTRY.variants("staged_decode") if v.space]
-GROUPED = [REGISTRY.get("staged_decode", name) for name in ("grouped", "stripe_spans", "group_spans", "one_launch")]  # tensor-core decodes
+GROUPED = [REGISTRY.get("staged_decode", name) for name in ("grouped", "stripe_spans", "group_spans", "one_launch", "split_merge")]  # tensor-core decodes
 
 
 @pytest.mark.parametrize("variant", TRITON_DECODE, ids=[v.name for v in TRITON_DECODE])
@@ -146,7 +146,7 @@ def test_grouped_first_allowed_key_over_several_mask_slices(variant, mask: str, 
     assert_close(got, x.oracle()[0], torch.float32, 256, variant.name)
 
 
-CHUNKED_SPANS = [v for v in GROUPED if v.name != "one_launch"]  # one_launch's splits: test_one_launch.py
+CHUNKED_SPANS = [v for v in GROUPED if v.name not in ("one_launch", "split_merge")]  # their splits: test_split_keys.py
 
 
 @pytest.mark.parametrize("variant", CHUNKED_SPANS, ids=[v.name for v in CHUNKED_SPANS])
@@ -240,7 +240,7 @@ def test_group_spans_programs_walk_their_chunks(programs_per_multiprocessor: int
     assert_close(got, x.oracle()[0], torch.float32, case.lkv, f"group_spans, {programs_per_multiprocessor} per SM")
 
 
-ROW_TILES = [REGISTRY.get("staged_decode", name) for name in ("group_spans", "one_launch")]
+ROW_TILES = [REGISTRY.get("staged_decode", name) for name in ("group_spans", "one_launch", "split_merge")]
 
 
 @pytest.mark.parametrize("variant", ROW_TILES, ids=[v.name for v in ROW_TILES])
@@ -249,7 +249,7 @@ ROW_TILES = [REGISTRY.get("staged_decode", name) for name in ("group_spans", "on
 def test_row_tiles_keep_a_value_one_head_attends_out_of_the_others(variant, poison: float, chunk: int,
                                                                    gen: torch.Generator) -> None:
     """group_spans attends every (head, slot) span of a KV group over one chunk's keys together, and
-    one_launch the windows too, so a key one head attends meets the zero weights of the rows that do
+    one_launch and split_merge the windows too, so a key one head attends meets the zero weights of the rows that do
     not in the same dot. A NaN or an infinity in such a key's value must reach only the heads that
     attend it (non-finite there, as in the oracle), whether the spans share a small chunk or all lie
     in one."""

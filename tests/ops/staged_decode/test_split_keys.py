@@ -1,6 +1,7 @@
-"""The one_launch decode against the oracle where its own arithmetic decides: spans and windows cut
-at the splits of the key positions and merged by the last program, and a row's first allowed key
-found past the first mask entries it reads."""
+"""The decodes with the keys split over programs (one_launch: merged by the last program;
+split_merge: by a merge launch per head) against the oracle where their own arithmetic decides:
+spans and windows cut at the splits of the key positions and merged, and a row's first allowed
+key found past the first mask entries it reads."""
 
 from __future__ import annotations
 
@@ -12,15 +13,16 @@ from helpers import assert_close, launch_variant
 
 from superlinear_ops.registry import REGISTRY
 
-ONE_LAUNCH = REGISTRY.get("staged_decode", "one_launch")
+SPLIT_KEYS = [REGISTRY.get("staged_decode", name) for name in ("one_launch", "split_merge")]
 
 
+@pytest.mark.parametrize("variant", SPLIT_KEYS, ids=[v.name for v in SPLIT_KEYS])
 @pytest.mark.parametrize("mask", ["none", "holes"])
 @pytest.mark.parametrize("chunk", [128, 100, 4096])
-def test_splits_cut_spans_and_windows(chunk: int, mask: str, gen: torch.Generator) -> None:
+def test_splits_cut_spans_and_windows(variant, chunk: int, mask: str, gen: torch.Generator) -> None:
     """Spans of about 260 keys over 2,048 key positions: in splits of 128 (or 100, which no block
-    width divides) they and the window run across several programs' splits, whose partials the last
-    program merges; in one split of 4,096 a single program holds every row whole."""
+    width divides) they and the window run across several programs' splits, whose partials are
+    merged; in one split of 4,096 a single program holds every row whole."""
     case = DecodeCase("fp32", 2, mask, hkv=2, lkv=2048, pos=1927, power=FLOAT55, sw_index=6)  # window 1895..1927
     x = make_decode_inputs(case, gen)
     expected, traces = x.oracle()
@@ -29,13 +31,14 @@ def test_splits_cut_spans_and_windows(chunk: int, mask: str, gen: torch.Generato
     if chunk < case.lkv:
         assert any(start // chunk != end // chunk for start, end in spans), "no span crosses a split"
         assert window_start // chunk != case.pos // chunk, "the window lies in one split"
-    got, config = launch_variant(ONE_LAUNCH, x, changes={"chunk": chunk})
+    got, config = launch_variant(variant, x, changes={"chunk": chunk})
     assert config.chunk == chunk
-    assert_close(got, expected, torch.float32, case.lkv, f"one_launch, splits of {chunk} keys")
+    assert_close(got, expected, torch.float32, case.lkv, f"{variant.name}, splits of {chunk} keys")
 
 
+@pytest.mark.parametrize("variant", SPLIT_KEYS, ids=[v.name for v in SPLIT_KEYS])
 @pytest.mark.parametrize("first", [40, 700])
-def test_first_allowed_key_past_the_first_mask_entries(first: int, gen: torch.Generator) -> None:
+def test_first_allowed_key_past_the_first_mask_entries(variant, first: int, gen: torch.Generator) -> None:
     """The forward span length counts from the row's first allowed key, which each program finds by
     reading the mask 256 entries at a time: in the first 256 or past them (row 1 starts 30 keys
     later than row 0, so the rows' lengths differ)."""
@@ -46,11 +49,12 @@ def test_first_allowed_key_past_the_first_mask_entries(first: int, gen: torch.Ge
     x.mask[1, first: first + 30] = False
     expected, traces = x.oracle()
     assert all(trace.chosen for trace in traces.values()), "a head without a span"
-    got, _ = launch_variant(ONE_LAUNCH, x, changes={"chunk": 256})
-    assert_close(got, expected, torch.float32, case.lkv, f"one_launch, first allowed key {first}")
+    got, _ = launch_variant(variant, x, changes={"chunk": 256})
+    assert_close(got, expected, torch.float32, case.lkv, f"{variant.name}, first allowed key {first}")
 
 
-def test_the_best_stripe_of_an_earlier_block_stays_chosen(gen: torch.Generator) -> None:
+@pytest.mark.parametrize("variant", SPLIT_KEYS, ids=[v.name for v in SPLIT_KEYS])
+def test_the_best_stripe_of_an_earlier_block_stays_chosen(variant, gen: torch.Generator) -> None:
     """Each head keeps its running top-3 over 64-stripe blocks: the best stripe lies in the first
     block, the next two in the second, so dropping the first block's kept ones when the second
     comes changes the anchors."""
@@ -65,5 +69,5 @@ def test_the_best_stripe_of_an_earlier_block_stays_chosen(gen: torch.Generator) 
         x.k[:, :, loc] = scale * direction
     expected, traces = x.oracle()
     assert all({a for _, a, _, _ in trace.chosen} == {locs[1], locs[66], locs[68]} for trace in traces.values())
-    got, _ = launch_variant(ONE_LAUNCH, x)
-    assert_close(got, expected, torch.float32, case.lkv, "one_launch, the best stripe in the first block")
+    got, _ = launch_variant(variant, x)
+    assert_close(got, expected, torch.float32, case.lkv, f"{variant.name}, the best stripe in the first block")
