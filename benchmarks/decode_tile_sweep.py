@@ -2,7 +2,7 @@
 
 For each of model M's decode problems whose label matches ``--cases`` (the workload's labels, masked
 problems included), every configuration of ``--variant`` (a decode variant that tunes ``chunk``:
-grouped, stripe_spans, group_spans or one_launch) in the product of ``--chunks`` x ``--block-k`` x
+grouped, stripe_spans, group_spans, one_launch or split_merge) in the product of ``--chunks`` x ``--block-k`` x
 ``--warps`` x ``--stages`` is checked against the float64 reference and timed as the tuner times
 it (``ProblemBench``: a replayed CUDA graph, L2 flushed, the mean over the problem's mask kinds
 and fills), beside the dispatcher's choice (the shipped file with a clean user cache) timed the

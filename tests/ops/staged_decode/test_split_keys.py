@@ -13,13 +13,14 @@ from helpers import assert_close, launch_variant
 
 from superlinear_ops.registry import REGISTRY
 
-SPLIT_KEYS = [REGISTRY.get("staged_decode", name) for name in ("one_launch", "split_merge")]
+ONE_LAUNCH, SPLIT_MERGE = (REGISTRY.get("staged_decode", name) for name in ("one_launch", "split_merge"))
+# Both variants share the search and rows (``_split_rows``): the mask is exercised through one_launch.
+SPLITS = [(ONE_LAUNCH, mask, chunk) for mask in ("none", "holes") for chunk in (128, 100, 4096)] + [
+    (SPLIT_MERGE, "none", chunk) for chunk in (128, 100, 4096)]
 
 
-@pytest.mark.parametrize("variant", SPLIT_KEYS, ids=[v.name for v in SPLIT_KEYS])
-@pytest.mark.parametrize("mask", ["none", "holes"])
-@pytest.mark.parametrize("chunk", [128, 100, 4096])
-def test_splits_cut_spans_and_windows(variant, chunk: int, mask: str, gen: torch.Generator) -> None:
+@pytest.mark.parametrize(("variant", "mask", "chunk"), SPLITS, ids=[f"{v.name}-{m}-{c}" for v, m, c in SPLITS])
+def test_splits_cut_spans_and_windows(variant, mask: str, chunk: int, gen: torch.Generator) -> None:
     """Spans of about 260 keys over 2,048 key positions: in splits of 128 (or 100, which no block
     width divides) they and the window run across several programs' splits, whose partials are
     merged; in one split of 4,096 a single program holds every row whole."""
@@ -36,9 +37,8 @@ def test_splits_cut_spans_and_windows(variant, chunk: int, mask: str, gen: torch
     assert_close(got, expected, torch.float32, case.lkv, f"{variant.name}, splits of {chunk} keys")
 
 
-@pytest.mark.parametrize("variant", SPLIT_KEYS, ids=[v.name for v in SPLIT_KEYS])
 @pytest.mark.parametrize("first", [40, 700])
-def test_first_allowed_key_past_the_first_mask_entries(variant, first: int, gen: torch.Generator) -> None:
+def test_first_allowed_key_past_the_first_mask_entries(first: int, gen: torch.Generator) -> None:
     """The forward span length counts from the row's first allowed key, which each program finds by
     reading the mask 256 entries at a time: in the first 256 or past them (row 1 starts 30 keys
     later than row 0, so the rows' lengths differ)."""
@@ -49,12 +49,11 @@ def test_first_allowed_key_past_the_first_mask_entries(variant, first: int, gen:
     x.mask[1, first: first + 30] = False
     expected, traces = x.oracle()
     assert all(trace.chosen for trace in traces.values()), "a head without a span"
-    got, _ = launch_variant(variant, x, changes={"chunk": 256})
-    assert_close(got, expected, torch.float32, case.lkv, f"{variant.name}, first allowed key {first}")
+    got, _ = launch_variant(ONE_LAUNCH, x, changes={"chunk": 256})
+    assert_close(got, expected, torch.float32, case.lkv, f"one_launch, first allowed key {first}")
 
 
-@pytest.mark.parametrize("variant", SPLIT_KEYS, ids=[v.name for v in SPLIT_KEYS])
-def test_the_best_stripe_of_an_earlier_block_stays_chosen(variant, gen: torch.Generator) -> None:
+def test_the_best_stripe_of_an_earlier_block_stays_chosen(gen: torch.Generator) -> None:
     """Each head keeps its running top-3 over 64-stripe blocks: the best stripe lies in the first
     block, the next two in the second, so dropping the first block's kept ones when the second
     comes changes the anchors."""
@@ -69,5 +68,24 @@ def test_the_best_stripe_of_an_earlier_block_stays_chosen(variant, gen: torch.Ge
         x.k[:, :, loc] = scale * direction
     expected, traces = x.oracle()
     assert all({a for _, a, _, _ in trace.chosen} == {locs[1], locs[66], locs[68]} for trace in traces.values())
-    got, _ = launch_variant(variant, x)
-    assert_close(got, expected, torch.float32, case.lkv, f"{variant.name}, the best stripe in the first block")
+    got, _ = launch_variant(ONE_LAUNCH, x)
+    assert_close(got, expected, torch.float32, case.lkv, "one_launch, the best stripe in the first block")
+
+
+def test_split_merge_refuses_more_splits_than_its_merge_holds() -> None:
+    """A merge program holds every split's partial of a slot at once: 4,096 keys in splits of 128
+    (32) run, in 64 (64) run, in 32 (128) are refused with a reason naming ``chunk``; the default
+    at 131,072 keys takes splits long enough."""
+    from superlinear_ops.ops.staged_decode.variants import SPLIT_MERGE_SPLITS
+    from superlinear_ops.problem import STAGED_DECODE, DeviceIdentity, Problem
+
+    split_merge = SPLIT_MERGE
+    h100 = DeviceIdentity("NVIDIA H100 80GB HBM3", "sm_90", 132)
+    short = Problem(STAGED_DECODE, "bfloat16", 128, 32, 2, 3, 1, 4096, 4, False, 65, "float0.55", h100)
+    config = split_merge.default(short)
+    assert split_merge.compile_check(short, config.replace(chunk=4096 // SPLIT_MERGE_SPLITS)) is None
+    reason = split_merge.compile_check(short, config.replace(chunk=4096 // SPLIT_MERGE_SPLITS // 2))
+    assert reason is not None and reason.startswith(f"chunk: {2 * SPLIT_MERGE_SPLITS} splits")
+    long = short._replace(keys=131072)
+    assert split_merge.compile_check(long, split_merge.default(long)) is None
+    assert -(-131072 // split_merge.default(long).chunk) <= SPLIT_MERGE_SPLITS
