@@ -5,6 +5,8 @@ Cases (``--cases REGEX`` keeps those whose name matches; default all):
   1,048,576 and 10,000,000 keys. Ours: the public ``superlinear_attention`` forward, and the search alone
   (``torch_ops.layer_search``). Dense: the chunk over the prefix without a mask plus the chunk over itself,
   causal (``whole_layer.dense_times``: K/V repeated to 32 heads outside the timing); not run at 10M keys.
+  Ours' output is checked against the float64 layer on query rows spread over the chunk (the library's
+  PyTorch reference, which reads K and V a block at a time, so it fits in memory at 10M keys).
 - training: forward + backward at Lq = Lkv = 4096, 16384, 65536; dense causal forward + backward.
 - decode: one step, B = 1 over 4K, 64K, 256K, 1M and 10M keys without a mask; B = 4 and B = 16 over 4K,
   64K, 256K and 1M keys without a mask and with 10% holes. Ours: the public decode step (the dispatcher's
@@ -46,14 +48,17 @@ from pathlib import Path
 
 import torch
 import triton
+import whole_layer
 from decode_masks import sdpa_times  # this folder's decode helpers
 from decode_variants import api_call, kernel_times
 from span_forward_tiles import bench, kernel_registers, profile
-from whole_layer import ARGS, BF, BF16_FLOPS, FF, HQ, POWER, SPAN_POWER, SW_INDEX, TOPK, D, captured, dense_times, inputs, warm_gpu
+from whole_layer import ARGS, BF, BF16_FLOPS, FF, HQ, POWER, SETTINGS, SPAN_POWER, SW_INDEX, TOPK, D, captured, dense_times, inputs, warm_gpu
 from whole_layer import lower_bound as layer_bound
 
 from superlinear_ops import dispatch, torch_ops
+from superlinear_ops.launch import KernelConfig
 from superlinear_ops.layer_api import superlinear_attention
+from superlinear_ops.ops.layer_search.reference import search_reference
 from superlinear_ops.problem import STAGED_DECODE, device_identity
 from superlinear_ops.tuner.bench import lower_bound as decode_bound
 from superlinear_ops.tuner.bench import traffic
@@ -70,6 +75,7 @@ DECODE_BATCHES = (4, 16)  # without a mask and with 10% holes
 DENSE_PREFILL_KEYS = 2_000_000  # dense prefill beyond this many keys takes seconds per call: not run
 DECODE_BACKENDS = ("CUDNN_ATTENTION", "FLASH_ATTENTION")
 KERNELS_KEPT = 12  # profiler rows kept per prefill / training case
+CHECKED_ROWS = {1_048_576: 32, 10_000_000: 8}  # prefill query rows checked against float64 (default 16)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -132,7 +138,29 @@ def layer_ours(target: Target) -> dict:
                          "basis": "the bound's FLOPs (4 D per attended (query head, key) pair, x 3.5 for training, plus the "
                                   "search's 2 D per (query head, stripe): whole_layer.lower_bound) / ours' time"}
     row["kernels"] = profile(ours)[:KERNELS_KEPT]  # ms_per_call each; count over 5 calls
+    if not training:
+        row["float64_rows"] = prefill_errors(target, q1, q2, k, v, cp, search()[0])
     return row
+
+
+def prefill_errors(target: Target, q1, q2, k, v, cp, anchors: torch.Tensor) -> dict:
+    """Ours' output on query rows spread over the chunk (the first and the last among them) against the
+    float64 layer on those rows (the library's PyTorch reference, K and V read a block at a time, so it fits
+    at 10M keys): on the float64 search's anchors, and on ours' (the attention apart from near-ties that two
+    correct searches may break differently)."""
+    count = CHECKED_ROWS.get(target.keys, 16)
+    pick = torch.tensor(sorted({round(i * (target.queries - 1) / (count - 1)) for i in range(count)}), device=k.device)
+    r1, r2, at, ours_anchors = q1[:, :, pick].double(), q2[:, :, pick].double(), cp[pick], anchors[:, :, pick]
+    with torch.no_grad():
+        out = superlinear_attention(q1, q2, k, v, cp, None, **ARGS)[:, :, pick].double()
+        exact = search_reference(r1, k, at, None, SETTINGS.for_keys(target.keys), KernelConfig()).anchors
+        want, given = (whole_layer.reference_layer(r1, r2, k, v, at, None, a) for a in (exact, ours_anchors))
+
+    def relative(ref: torch.Tensor) -> float:
+        return ((out - ref).abs().max() / ref.abs().max()).item()
+
+    return {"rows": pick.tolist(), "error": relative(want), "error_on_our_anchors": relative(given),
+            "head_rows_with_other_anchors": whole_layer.rows_with_other_anchor_sets(ours_anchors, exact), "nan": bool(out.isnan().any())}
 
 
 def layer_dense(target: Target) -> dict:
@@ -219,16 +247,17 @@ def markdown(report: dict) -> str:
     lines = [f"# Targets on {report['device']}", "",
              f"torch {report['torch']}, triton {report['triton']}, commit {report['commit']}"
              f"{' (modified)' if report['tree_modified'] else ''}, {report['date']}", "",
-             "| case | ours ms | SDPA cuDNN ms | SDPA flash ms | ours / cuDNN | bound ms | throughput | ours' choice |",
-             "| --- | ---: | ---: | ---: | ---: | ---: | ---: | --- |"]
+             "| case | ours ms | SDPA cuDNN ms | SDPA flash ms | ours / cuDNN | bound ms | throughput | error vs float64 | ours' choice |",
+             "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- |"]
     notes = []
     for name, row in report["rows"].items():
         notes += [f"- {name}: {key}: {row[key]}" for key in row if key.endswith(("_error", "_reason"))]
         throughput = row.get("throughput")
         choice = f"{row['choice']} ({row['source']})" if "choice" in row else "-"
+        error = row.get("error_vs_float64_reference", row.get("float64_rows", {}).get("error"))
         lines.append(f"| {name} | {fmt(row.get('ours_ms'))} | {fmt(row.get('sdpa_cudnn_ms'))} | {fmt(row.get('sdpa_flash_ms'))} "
                      f"| {fmt(row.get('ours_over_cudnn'), 3)} | {fmt(row.get('bound', {}).get('ms'))} "
-                     f"| {fmt(throughput['value']) + ' ' + throughput['unit'] if throughput else '-'} | {choice} |")
+                     f"| {fmt(throughput['value']) + ' ' + throughput['unit'] if throughput else '-'} | {fmt(error, 2)} | {choice} |")
     lines += ["", "Ours / cuDNN below 1: ours is faster. Throughput: prefill and training the bound's FLOPs, decode its bytes, "
               "over ours' time.", ""] + (["Not run or failed:", "", *notes, ""] if notes else [])
     lines += ["| kernel | warps | stages | registers | spills | shared bytes |", "| --- | ---: | ---: | ---: | ---: | ---: |"]
@@ -251,7 +280,8 @@ def report_tables(report: dict, commit: str) -> list[dict]:
     layer = {kind: [{"case": name, "ours": row.get("ours_ms"), "bound": row.get("bound", {}).get("ms"),
                      "dense": row.get("sdpa_cudnn_ms"), "flash": row.get("sdpa_flash_ms"), "search": row.get("search_ms"),
                      "span_tiles": kernel_ms(row, "span_tile_kernel"), "graph": row.get("ours_graph_ms"),
-                     "tflops": f"{row['throughput']['value']:.0f}"}
+                     "tflops": f"{row['throughput']['value']:.0f}",
+                     **({"error": f"{row['float64_rows']['error']:.1e}"} if "float64_rows" in row else {})}
                     for name, row in rows if row["kind"] == kind and "ours_ms" in row] for kind in ("prefill", "training")}
 
     def us(ms: float | None) -> float | None:
@@ -267,9 +297,12 @@ def report_tables(report: dict, commit: str) -> list[dict]:
     throughput_note = "TFLOP/s: the bound's FLOPs (attended pairs and stripe scores) over ours' time."
     tables = [
         {**layer_table, "title": "Targets: whole layer, prefill (`superlinear_attention`)",
-         "columns": {**columns, "tflops": "TFLOP/s"}, "rows": layer["prefill"],
+         "columns": {**columns, "tflops": "TFLOP/s", "error": "error vs float64"}, "rows": layer["prefill"],
          "notes": ["Eager calls (do_bench medians, L2 flushed). Dense: the chunk over the prefix plus the chunk over "
-                   "itself, causal; not run at 10M keys (about 5 PFLOP a call).", throughput_note]},
+                   "itself, causal; not run at 10M keys (about 5 PFLOP a call).", throughput_note,
+                   "Error: max |ours - float64| / max |float64| over query rows spread across the chunk (32 at 1M keys, "
+                   "8 at 10M, 16 otherwise; all heads), the float64 layer being the library's PyTorch reference on "
+                   "those rows."]},
         {**layer_table, "title": "Targets: whole layer, training (forward + backward)",
          "columns": {**columns, "graph": "ours, CUDA graph", "tflops": "TFLOP/s"}, "rows": layer["training"],
          "notes": ["Eager steps (do_bench medians, L2 flushed), and the same step replayed from a CUDA graph: the "
