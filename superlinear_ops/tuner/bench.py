@@ -7,6 +7,7 @@ import json
 import logging
 import math
 import statistics
+from collections.abc import Iterator
 from dataclasses import asdict, dataclass
 
 import torch
@@ -224,21 +225,21 @@ class VerifyRow:
         return self.verdict.startswith("FAIL")
 
 
-def verify(workload_path: str, device: torch.device, threshold: float, only: str | None = None) -> list[VerifyRow]:
-    """Re-measure each problem's cached winner against the default, with dense SDPA under each backend."""
+def verify(workload_path: str, device: torch.device, threshold: float, only: str | None = None) -> Iterator[VerifyRow]:
+    """Re-measure each problem's cached winner against the default, with dense SDPA under each backend:
+    one row per problem, yielded as soon as it is measured."""
     workload = load(workload_path)
-    rows = []
     for case in unique_cases(workload.cases(device_identity(device), only)):
         explanation = dispatch.explain(case.problem)
         choice = explanation.choice
         if choice is None or choice.source == dispatch.HEURISTIC:
-            rows.append(VerifyRow(case.label, math.nan, math.nan, "no tuned entry"))
+            yield VerifyRow(case.label, math.nan, math.nan, "no tuned entry")
             continue
         bench = ProblemBench(case, device, seed=0)
         try:
             bench.check(choice.variant, choice.config)
         except CandidateFailed as err:
-            rows.append(VerifyRow(case.label, math.nan, math.nan, f"FAIL: {err}"))
+            yield VerifyRow(case.label, math.nan, math.nan, f"FAIL: {err}")
             continue
         default = (bench.default_variant, bench.default_config)
         if (choice.variant, choice.config) == default:  # one configuration: nothing to compare but the timer's noise
@@ -247,5 +248,4 @@ def verify(workload_path: str, device: torch.device, threshold: float, only: str
         else:
             default_ms, tuned_ms = side_by_side(bench, default, (choice.variant, choice.config))
             verdict = "FAIL: slower than the default" if tuned_ms > default_ms * (1.0 + threshold) else "ok"
-        rows.append(VerifyRow(case.label, default_ms, tuned_ms, verdict, dense_times(bench)))
-    return rows
+        yield VerifyRow(case.label, default_ms, tuned_ms, verdict, dense_times(bench))

@@ -30,18 +30,19 @@ def tune_command(args: argparse.Namespace) -> int:
 
 
 def verify_command(args: argparse.Namespace) -> int:
-    """Re-measure cached winners; exit 1 when one is slower than the default beyond the threshold."""
+    """Re-measure cached winners, a row printed as each is measured; exit 1 when one is slower than the
+    default beyond the threshold (or, with ``--require-all``, has no tuned entry)."""
     from .. import use_cache
     from .bench import verify
 
     if args.cache:
         use_cache(args.cache)
-    rows = verify(args.workload, select_device(args.device), args.threshold, args.problems)
-    print(f"{'problem':<38}{'default ms':>12}{'tuned ms':>12}{'dense ms':>12}  verdict (fastest dense backend)")
-    for r in rows:
+    print(f"{'problem':<38}{'default ms':>12}{'tuned ms':>12}{'dense ms':>12}  verdict (fastest dense backend)", flush=True)
+    failed = False
+    for r in verify(args.workload, select_device(args.device), args.threshold, args.problems):
         backend, dense_ms = r.dense.fastest if r.dense else ("-", math.nan)
-        print(f"{r.label:<38}{r.default_ms:>12.4f}{r.tuned_ms:>12.4f}{dense_ms:>12.4f}  {r.verdict} ({backend})")
-    failed = any(r.failed for r in rows) or (args.require_all and any(r.verdict == "no tuned entry" for r in rows))
+        print(f"{r.label:<38}{r.default_ms:>12.4f}{r.tuned_ms:>12.4f}{dense_ms:>12.4f}  {r.verdict} ({backend})", flush=True)
+        failed |= r.failed or (args.require_all and r.verdict == "no tuned entry")
     return 1 if failed else 0
 
 

@@ -266,6 +266,29 @@ def test_lower_bound_has_ceilings_for_each_device_machines_gpu() -> None:
     assert unknown != unknown and "no peak figures" in why
 
 
+def test_verify_prints_each_row_as_it_is_measured(tmp_path, capsys, monkeypatch, restore_cache) -> None:
+    """A verify cut short (killed at its time limit, or failing on a later problem) has printed the rows it measured."""
+    workload = tmp_path / "two.yaml"
+    workload.write_text(DECODE_ONLY + "  - decode: {context: 128}\n")
+    empty = tmp_path / "empty.sqlite"
+    with Store.writer(empty):
+        pass
+    explained = []
+    real = dispatch.explain
+
+    def explain_first_only(problem):
+        explained.append(problem)
+        if len(explained) > 1:
+            raise KeyboardInterrupt  # the run is cut short at the second problem
+        return real(problem)
+
+    monkeypatch.setattr(dispatch, "explain", explain_first_only)
+    with pytest.raises(KeyboardInterrupt):
+        main(["verify", str(workload), "--cache", str(empty), "--device", "cpu"])
+    out = capsys.readouterr().out
+    assert "decode 64" in out and "no tuned entry" in out and "decode 128" not in out
+
+
 def test_verify_and_bench_commands(tmp_path, capsys, monkeypatch, decode_workload, restore_cache) -> None:
     cache = tmp_path / "c.sqlite"
     assert main(["tune", str(decode_workload), "--trials", "2", "--storage", str(tmp_path / "s.sqlite"),
