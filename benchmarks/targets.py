@@ -22,12 +22,15 @@ the dispatcher's choice and its source. Then the registers, spills and shared me
 Every case of ours is timed before any dense backend runs (slow dense runs leave the GPU slower for a
 while). The JSON (``--out``) is rewritten after every step, so a run cut short keeps what it measured;
 at the end it also holds ``report_tables``, the run as tables for ``docs/benchmarks/<gpu>.json``;
-the Markdown table goes to stdout and next to the JSON (same name, ``.md``).
+the Markdown table goes to stdout and next to the JSON (same name, ``.md``). With ``--memcheck REGEX``, the
+variants whose name matches run last under compute-sanitizer's memcheck at small shapes, every layout of the
+workload and a covering set of each declared space (``superlinear-ops sanitize``); the count of
+configurations and those with errors go into the JSON and the Markdown.
 
 Model M: Hq 32, Hkv 2, D 128, bf16, sw_index 65, search power 0.55 (float path), span power 0.55, bf 3,
 ff 1, topk 3; B 1 unless stated.
 
-Run on a GPU:  PYTHONPATH=. python benchmarks/targets.py --out targets.json
+Run on a GPU:  PYTHONPATH=. python benchmarks/targets.py --out targets.json [--memcheck '^(one_launch|split_merge)$']
 """
 
 from __future__ import annotations
@@ -38,6 +41,7 @@ import datetime
 import gc
 import json
 import math
+import os
 import re
 import subprocess
 import sys
@@ -63,6 +67,7 @@ from superlinear_ops.problem import STAGED_DECODE, device_identity
 from superlinear_ops.tuner.bench import lower_bound as decode_bound
 from superlinear_ops.tuner.bench import traffic
 from superlinear_ops.tuner.runner import ProblemBench, make_inputs, measure
+from superlinear_ops.tuner.sanitize import sanitize
 from superlinear_ops.tuner.workload import Case, load
 
 REPO = Path(__file__).resolve().parent.parent
@@ -227,6 +232,15 @@ def compiled_kernels() -> list[dict]:
     return kernel_registers(kernels.values())
 
 
+def memcheck(variants: str, device: str = "cuda") -> dict:
+    """The sanitize sweep of the variants whose name matches ``variants`` over the workload's layouts."""
+    began = time.time()
+    rows = sanitize(str(WORKLOAD), device, "memcheck", progress_bar=False, jobs=os.cpu_count() or 1, variants=variants)
+    return {"variants": variants, "configurations": len(rows), "layouts": len({r.layout for r in rows}),
+            "seconds": round(time.time() - began),
+            "with_errors": [f"{r.layout} | {r.variant} {r.config}: {r.verdict}; {(r.errors or ['-'])[0]}" for r in rows if not r.clean]}
+
+
 def git_state() -> dict:
     """The checkout's short commit and whether tracked files differ from it (None without git)."""
     def git(*args: str) -> str:
@@ -260,6 +274,10 @@ def markdown(report: dict) -> str:
                      f"| {fmt(throughput['value']) + ' ' + throughput['unit'] if throughput else '-'} | {fmt(error, 2)} | {choice} |")
     lines += ["", "Ours / cuDNN below 1: ours is faster. Throughput: prefill and training the bound's FLOPs, decode its bytes, "
               "over ours' time.", ""] + (["Not run or failed:", "", *notes, ""] if notes else [])
+    if "memcheck" in report:
+        check = report["memcheck"]
+        lines += [f"Memcheck of the variants matching `{check['variants']}`: {check['configurations']} configurations over "
+                  f"{check['layouts']} layouts, {len(check['with_errors'])} with errors.", "", *[f"- {e}" for e in check["with_errors"]], ""]
     lines += ["| kernel | warps | stages | registers | spills | shared bytes |", "| --- | ---: | ---: | ---: | ---: | ---: |"]
     lines += [f"| {k['kernel']} | {k['warps']} | {k['stages']} | {k['registers']} | {k['spills']} | {k['shared_bytes']} |"
               for k in report.get("compiled_kernels", [])]
@@ -342,6 +360,7 @@ def main() -> None:
     parser.add_argument("--out", type=Path, required=True, help="JSON file to write (the Markdown table goes next to it, .md)")
     parser.add_argument("--commit", help="the commit measured, for the report tables (default: git's HEAD here)")
     parser.add_argument("--cases", default="", help="only the cases whose name matches this regular expression, e.g. '^decode .*B=16'")
+    parser.add_argument("--memcheck", metavar="REGEX", help="at the end, memcheck the variants whose name matches at small shapes")
     args = parser.parse_args()
     try:
         targets = [t for t in all_targets() if re.search(args.cases, t.name)]
@@ -373,6 +392,8 @@ def main() -> None:
         progress(t.name, "dense", row)
         save(report, args.out)
     report["compiled_kernels"] = compiled_kernels()
+    if args.memcheck:
+        step(report, "memcheck", lambda: {"memcheck": memcheck(args.memcheck)})
     report["report_tables"] = report_tables(report, args.commit or report["commit"] or "unknown")
     save(report, args.out)
     table = markdown(report)
