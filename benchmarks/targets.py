@@ -366,6 +366,10 @@ def main() -> None:
         targets = [t for t in all_targets() if re.search(args.cases, t.name)]
     except re.error as err:
         parser.error(f"--cases: {err}")
+    try:
+        re.compile(args.memcheck or "")
+    except re.error as err:
+        parser.error(f"--memcheck: {err}")
     if not targets:
         parser.error(f"--cases {args.cases!r} matches none of: {'; '.join(t.name for t in all_targets())}")
     if not torch.cuda.is_available():
