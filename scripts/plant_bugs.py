@@ -328,6 +328,8 @@ PLANTS = {
     "decode: a first allowed key among the mask's head is dropped": (GST, "first = tl.minimum(head_first, tl.min(tl.where(allowed, keys, L_KV), axis=0))", "first = tl.min(tl.where(allowed, keys, L_KV), axis=0)", "tests/ops/staged_decode/test_decode_mask.py -k key_0"),
     "decode: a slice program reads its slice only when the head allows a key": (GST, "read = (keys < limit) & (head_first == L_KV)", "read = (keys < limit) & (head_first < L_KV)", "tests/ops/staged_decode/test_decode_mask.py -k first_allowed"),
     "arch table: positions compiled as int64 pointers": ("superlinear_ops/arch_compile.py", '"suffix_ptr", "spos_ptr", "cache_pos_ptr"})', '"suffix_ptr"})', "tests/base/test_arch_check.py -k pointer_types"),
+    "verify: rows printed only once every problem is measured": ("superlinear_ops/tuner/commands.py", "    for r in verify(args.workload, select_device(args.device), args.threshold, args.problems):",
+                                                                "    for r in list(verify(args.workload, select_device(args.device), args.threshold, args.problems)):", "tests/tuner/test_tuner.py -k prints_each_row"),
     "bench: an H100 without ceilings": ("superlinear_ops/tuner/bench.py", ', "NVIDIA H100 80GB HBM3": (3.0e12, 798e12)}', "}", "tests/tuner/test_tuner.py -k ceilings"),
     "stripe-tile search drops a last tile of one stripe": (STS, "for j0 in range(0, tl.max(n_c, axis=0), BLOCK_S):", "for j0 in range(0, tl.max(n_c, axis=0) - 1, BLOCK_S):", f"{EDGES} -k stripe_tiles"),
     "stripe-tile search drops a last stripe that ends its tile": (STS, "    valid = j < n_c\n", "    valid = (j < n_c) & ((offs_s < tl.max(offs_s, axis=0)) | (j + 1 < n_c))\n", f"{EDGES} -k stripe_tiles"),
