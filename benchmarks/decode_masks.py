@@ -92,7 +92,7 @@ def measure_row(case: Case, label: str, mask_dtype: torch.dtype, device: torch.d
         "choice": f"{choice.variant.name} {choice.config.text()}", "source": choice.source, "rule": explanation.rule,
         "explain": explanation.text(),
     }
-    row["lower_bound_ms"], row["lower_bound_basis"] = lower_bound(case)
+    row["lower_bound_ms"], row["lower_bound_basis"] = lower_bound(case, bench.timed)
     row["replay_vs_eager_max_abs"] = replay_vs_eager(call, x, device)
     return row, x
 

@@ -195,11 +195,11 @@ def decode_ours(case: Case, device: torch.device) -> dict:
     row = {"error_vs_float64_reference": problem_bench.check(choice.variant, choice.config),
            "ours_ms": measure(call, device, graph=True), "kernels_ms": kernel_times(call, device),
            "choice": f"{choice.variant.name} {choice.config.text()}", "source": choice.source, "rule": explanation.rule}
-    ms, basis = decode_bound(case)
-    bytes_, flop = traffic(case)
+    ms, basis = decode_bound(case, [problem_bench.inputs])  # the inputs ours is timed on
+    bytes_, flop = traffic(case, [problem_bench.inputs])
     row["bound"] = {"ms": ms if math.isfinite(ms) else None, "basis": basis, "gb": bytes_ / 1e9, "tflop": flop / 1e12}
     row["throughput"] = {"value": bytes_ / 1e9 / (row["ours_ms"] * 1e-3), "unit": "GB/s",
-                         "basis": "the bound's bytes (the op's cost model, tuner.bench.traffic) / ours' time"}
+                         "basis": "the bound's bytes (what an ideal step moves on these inputs, tuner.bench.traffic) / ours' time"}
     return row
 
 
@@ -327,7 +327,8 @@ def report_tables(report: dict, commit: str) -> list[dict]:
          "notes": ["Eager steps (do_bench medians, L2 flushed), and the same step replayed from a CUDA graph: the "
                    "GPU's time where an eager step waits for the host. Dense: causal.", throughput_note]},
         {**shared, "title": "Targets: decode step at B 1, 4 and 16", "units": "us",
-         "bound": "the op's bytes over the GPU's copy bandwidth (tuner.bench.lower_bound)",
+         "bound": "the bytes an ideal step moves on the same inputs (each key a KV group attends read once) over the "
+                  "GPU's copy bandwidth (tuner.bench.lower_bound)",
          "columns": {"flash": "dense (flash)", "variant": "variant", "gbs": "GB/s", "error": "error vs float64"},
          "notes": ["Replayed CUDA graph of the public decode step with the shipped entries (do_bench median, L2 "
                    "flushed); dense SDPA from a CUDA graph on the same inputs. The flash backend takes no mask.",

@@ -17,7 +17,8 @@ The base class describes a span forward; the other ops override what differs.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import statistics
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from types import ModuleType
 from typing import TYPE_CHECKING, ClassVar
@@ -29,6 +30,7 @@ from .. import geometry
 from ..launch import KernelConfig, LaunchGeometry
 from ..problem import Problem
 from .inputs import Inputs, random_inputs
+from .span_attention.reference import attended_counts
 
 if TYPE_CHECKING:
     from ..registry import Variant
@@ -134,12 +136,14 @@ class OpSpec:
         """Accepted relative error against the float64 reference."""
         return TOLERANCE[problem.dtype] * self.tolerance_scale
 
-    def traffic(self, case: Case) -> tuple[float, float]:
-        """(bytes every implementation must move, FLOPs it must compute) for one call."""
+    def traffic(self, case: Case, timed: Sequence[Inputs]) -> tuple[float, float]:
+        """(bytes every implementation must move, FLOPs it must compute) for one call, the mean over the
+        inputs it is timed on: Q, K and V read once and the span outputs written; 4 D FLOPs per key
+        each (b, h, q, span) attends."""
         p = case.problem
         elem = torch.empty(0, dtype=p.torch_dtype).element_size()
-        keys_per_span = min(p.keys, p.window + span_length(case.span_factors, p.keys))
-        flops = 4.0 * p.batch * p.q_heads * p.queries * p.spans * keys_per_span * p.head_dim
+        flops = statistics.fmean(4.0 * p.head_dim * float(attended_counts(
+            x.qstart, x.qend, x.cache_position, x.mask, x.k.shape[2], p.window).sum()) for x in timed)
         out = p.batch * p.q_heads * p.queries * p.spans * p.head_dim
         return (p.batch * (p.q_heads * p.queries + 2 * p.kv_heads * p.keys) * p.head_dim + out) * elem, flops
 

@@ -7,12 +7,13 @@ import json
 import logging
 import math
 import statistics
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import asdict, dataclass
 
 import torch
 
 from .. import dispatch
+from ..ops.inputs import Inputs
 from ..problem import device_identity
 from ..registry import REGISTRY
 from .runner import CandidateFailed, ProblemBench, measure
@@ -47,21 +48,23 @@ class BenchRow:
         return self.default_ms / self.tuned_ms if self.tuned_ms > 0 else float("nan")
 
 
-def lower_bound(case: Case) -> tuple[float, str]:
-    """max(bytes / bandwidth, FLOPs / tensor rate) in ms for this device's peaks (nan if unknown)."""
+def lower_bound(case: Case, timed: Sequence[Inputs]) -> tuple[float, str]:
+    """max(bytes / bandwidth, FLOPs / tensor rate) in ms for this device's peaks (nan if unknown), the
+    case's traffic taken on the inputs it is timed on (``ProblemBench.timed``)."""
     peaks = PEAKS.get(case.problem.device.name)
     if peaks is None:
         return float("nan"), "no peak figures for this device"
     bandwidth, rate = peaks
-    bytes_, flops = traffic(case)
+    bytes_, flops = traffic(case, timed)
     seconds = max(bytes_ / bandwidth, flops / rate)
     basis = f"{bytes_ / 1e9:.3g} GB at {bandwidth / 1e12:.1f} TB/s, {flops / 1e12:.3g} TFLOP at {rate / 1e12:.0f} TFLOP/s"
     return seconds * 1e3, basis
 
 
-def traffic(case: Case) -> tuple[float, float]:
-    """(bytes every implementation must move, FLOPs it must compute) for one call (the op's cost model)."""
-    return REGISTRY.spec(case.problem.op).traffic(case)
+def traffic(case: Case, timed: Sequence[Inputs]) -> tuple[float, float]:
+    """(bytes every implementation must move, FLOPs it must compute) for one call on the timed inputs
+    (the op's cost model)."""
+    return REGISTRY.spec(case.problem.op).traffic(case, timed)
 
 
 DENSE_BACKENDS = ("CUDNN_ATTENTION", "FLASH_ATTENTION", "EFFICIENT_ATTENTION")  # SDPBackend names, fastest first on Hopper
@@ -139,7 +142,7 @@ def bench_case(case: Case, device: torch.device, seed: int = 0) -> BenchRow:
     tuned_ms = bench.time_ms(choice.variant, choice.config)
     dense = dense_times(bench)
     backend, sdpa_ms = dense.fastest
-    bound, basis = lower_bound(case)
+    bound, basis = lower_bound(case, bench.timed)
     config = choice.config
     return BenchRow(
         case.label, case.problem.op, default_ms, tuned_ms,

@@ -41,7 +41,7 @@ class ToyDouble(OpSpec):
     def run(self, variant, config, problem, x, parts):
         return (variant.launch(x.q, config),)
 
-    def traffic(self, case):
+    def traffic(self, case, timed):
         p = case.problem
         return 2.0 * p.batch * p.q_heads * p.queries * p.head_dim * p.torch_dtype.itemsize, 0.0
 

@@ -28,6 +28,7 @@ from superlinear_ops.ops.staged_decode.variants import staged_decode_with
 from superlinear_ops.problem import STAGED_DECODE, DeviceIdentity, device_identity
 from superlinear_ops.registry import REGISTRY, Param, Variant
 from superlinear_ops.tuner.bench import DENSE_BACKENDS, lower_bound
+from superlinear_ops.tuner.runner import make_inputs
 from superlinear_ops.tuner.search import SearchSettings, study_name
 from superlinear_ops.tuner.tune import open_storage, tune, unique_cases
 from superlinear_ops.tuner.workload import WorkloadError, load
@@ -258,7 +259,7 @@ def test_lower_bound_has_ceilings_for_each_device_machines_gpu() -> None:
 
     def bound(gpu: str) -> tuple[float, str]:
         case = next(c for c in workload.cases(DeviceIdentity(gpu, "sm_90", 132)) if c.label == "decode 65536")
-        return lower_bound(case)
+        return lower_bound(case, [make_inputs(case, CPU, seed=0)])
 
     (h200, _), (h100, basis) = bound("NVIDIA H200"), bound("NVIDIA H100 80GB HBM3")
     assert 0 < h200 < h100 < float("inf") and "3.0 TB/s" in basis

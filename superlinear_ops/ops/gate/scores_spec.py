@@ -58,7 +58,7 @@ class GateScores(GateOp):
     def run(self, variant, config, problem: Problem, x: ScoreInputs, parts):
         return split_empty(variant.launch(x.q1, x.k, x.anchors, config), x.anchors)
 
-    def traffic(self, case) -> tuple[float, float]:
+    def traffic(self, case, timed) -> tuple[float, float]:
         """Q1 and the anchors read, the scores written (the key rows read depend on the anchors); a dot
         product of D per slot."""
         p = case.problem
@@ -79,9 +79,9 @@ class GateScoresBackward(GateScores):
     def run(self, variant, config, problem: Problem, x: ScoreInputs, parts):
         return tuple(variant.launch(x.q1, x.k, x.anchors, x.grad, config))
 
-    def traffic(self, case) -> tuple[float, float]:
+    def traffic(self, case, timed) -> tuple[float, float]:
         """The forward's reads, the scores' gradient, dQ1 and the whole of dK written; two FLOPs more per slot element."""
         p = case.problem
-        bytes_, flops = super().traffic(case)
+        bytes_, flops = super().traffic(case, timed)
         elem = p.torch_dtype.itemsize
         return bytes_ + p.batch * (p.q_heads * p.queries * p.head_dim + p.kv_heads * p.keys * p.head_dim) * elem, 2 * flops

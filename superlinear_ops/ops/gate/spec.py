@@ -106,7 +106,7 @@ class Gate(GateOp):
     def run(self, variant, config, problem: Problem, x: GateInputs, parts):
         return (variant.launch(x.scores, x.span_out, problem.torch_dtype, config),)
 
-    def traffic(self, case) -> tuple[float, float]:
+    def traffic(self, case, timed) -> tuple[float, float]:
         """The scores and span outputs read, the output written; 2 FLOPs per span output element."""
         rows, slots, d, elem = _elements(case.problem)
         return rows * (slots * (4 + d * elem) + d * elem), 2.0 * rows * slots * d
@@ -125,7 +125,7 @@ class GateBackward(Gate):
     def run(self, variant, config, problem: Problem, x: GateInputs, parts):
         return tuple(variant.launch(x.scores, x.span_out, x.grad_out, config))
 
-    def traffic(self, case) -> tuple[float, float]:
+    def traffic(self, case, timed) -> tuple[float, float]:
         """The forward's reads, the output's gradient, both gradients written; 4 FLOPs per span output element."""
         rows, slots, d, elem = _elements(case.problem)
         return rows * (2 * slots * (4 + d * elem) + d * elem), 4.0 * rows * slots * d

@@ -51,10 +51,10 @@ class AttentionLayer(OpSpec):
         return (attention_layer(x.q1, x.k, found.anchors, x.cache_position, x.mask, settings, span_attention, x.q.dtype,
                                 steps, found.scores),)
 
-    def traffic(self, case) -> tuple[float, float]:
+    def traffic(self, case, timed) -> tuple[float, float]:
         """The span attention's, plus the search: one stripe key per (query head, query, stripe), and Q1."""
         p = case.problem
-        bytes_, flops = super().traffic(case)
+        bytes_, flops = super().traffic(case, timed)
         elem = torch.empty(0, dtype=p.torch_dtype).element_size()
         stripes = geometry.stripe_count(p.keys, p.sw_index, p.params) - p.sw_index
         flops += 2.0 * p.batch * p.q_heads * p.queries * stripes * p.head_dim

@@ -72,6 +72,32 @@ def attended_keys(
     return allowed
 
 
+def attended_counts(
+    qstart: torch.Tensor,
+    qend: torch.Tensor,
+    cache_position: torch.Tensor,
+    attention_mask: torch.Tensor | None,
+    key_length: int,
+    window: int,
+) -> torch.Tensor:
+    """int64 [B, H, Lq, K]: how many keys each (b, h, q, span) attends, the ``attended_keys`` sum
+    computed from prefix counts of the mask (no [.., Lkv] tensor is built)."""
+    seg = _segments(qstart, qend, cache_position, key_length, window)
+    batch = qstart.shape[0]
+    kept = (torch.ones(batch, key_length, dtype=torch.int64, device=qstart.device) if attention_mask is None
+            else (attention_mask[:, :key_length] != 0).to(torch.int64))
+    before = torch.nn.functional.pad(kept.cumsum(-1), (1, 0))  # kept keys before each index, [B, Lkv + 1]
+
+    def kept_in(lo: torch.Tensor, hi: torch.Tensor) -> torch.Tensor:
+        """Kept keys of [lo, hi] (inclusive; none where hi < lo) for lo, hi [B or 1, H or 1, Lq, K or 1]."""
+        lo, hi = (t.expand(batch, *t.shape[1:]) for t in torch.broadcast_tensors(lo, hi))
+        rows = before[:, None, None, :].expand(*lo.shape[:-1], key_length + 1)
+        count = rows.gather(-1, (hi + 1).clamp(0, key_length)) - rows.gather(-1, lo.clamp(0, key_length))
+        return torch.where(hi >= lo, count, 0)
+
+    return kept_in(seg.lo, seg.hi) + kept_in(seg.window_lo, seg.pos)
+
+
 def _finite_or_zero(t: torch.Tensor) -> torch.Tensor:
     return torch.where(torch.isfinite(t), t, torch.zeros_like(t))
 

@@ -44,8 +44,8 @@ class SpanBackward(OpSpec):
         out, lse = forward.launch(geo, forward_config)
         return tuple(variant.launch(geo, config, out, lse, x.grad_out))
 
-    def traffic(self, case) -> tuple[float, float]:
-        bytes_, flops = super().traffic(case)
+    def traffic(self, case, timed) -> tuple[float, float]:
+        bytes_, flops = super().traffic(case, timed)
         return 3 * bytes_, 3.5 * flops  # forward + backward: 1 + 2.5 forwards of FLOPs
 
     def dense(self, case, x: Inputs) -> DenseCalls:

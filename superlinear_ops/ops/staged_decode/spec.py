@@ -8,11 +8,11 @@ from dataclasses import replace
 import torch
 import torch.nn.functional as F
 
-from ... import geometry
 from ...problem import STAGED_DECODE, Problem
 from ...settings import SpanSettings
 from ..inputs import Inputs, decode_mask, random_inputs
-from ..spec import DenseCalls, OpSpec, PublicOps, call_searching, grouped_heads, span_length
+from ..spec import DenseCalls, OpSpec, PublicOps, call_searching, grouped_heads
+from .ideal_traffic import step_traffic
 
 
 def decode_step(case, x: Inputs, fill: int | None, mask_kind: str | None, gen: torch.Generator) -> Inputs:
@@ -54,19 +54,12 @@ class StagedDecode(OpSpec):
     def run(self, variant, config, problem, x: Inputs, parts):
         return (variant.launch(x.q1, x.q, x.k, x.v, x.cache_position, x.mask, SpanSettings.of_problem(problem), config),)
 
-    def traffic(self, case) -> tuple[float, float]:
-        """The mean over the fills the case is timed at: window and spans per KV head, one stripe key
-        each, and one mask byte per touched key."""
-        p = case.problem
-        elem = torch.empty(0, dtype=p.torch_dtype).element_size()
-        stripes = geometry.stripe_count(p.keys, p.sw_index, p.params) - p.sw_index
-        fills = [fill or p.keys for fill in case.fills]
-        rows = statistics.fmean(min(t, p.window + p.rep * p.spans * span_length(case.span_factors, t)) for t in fills)
-        mask_bytes = 1 if p.masked else 0
-        bytes_ = p.batch * p.kv_heads * ((2 * rows + stripes) * p.head_dim * elem + (rows + stripes) * mask_bytes)
-        flops = statistics.fmean(4.0 * p.batch * p.q_heads * p.spans * (p.window + span_length(case.span_factors, t))
-                                 * p.head_dim for t in fills)
-        return bytes_, flops
+    def traffic(self, case, timed) -> tuple[float, float]:
+        """The mean over the timed inputs of what an ideal step moves and computes on them: each key a
+        KV group attends read once for the group, whatever its heads choose (``ideal_traffic``)."""
+        settings = SpanSettings.of_problem(case.problem)
+        per_input = [step_traffic(x, settings) for x in timed]
+        return statistics.fmean(b for b, _ in per_input), statistics.fmean(f for _, f in per_input)
 
     def dense(self, case, x: Inputs) -> DenseCalls:
         def decode_call(fill: int):
