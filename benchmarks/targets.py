@@ -64,8 +64,7 @@ from superlinear_ops.launch import KernelConfig
 from superlinear_ops.layer_api import superlinear_attention
 from superlinear_ops.ops.layer_search.reference import search_reference
 from superlinear_ops.problem import STAGED_DECODE, device_identity
-from superlinear_ops.tuner.bench import lower_bound as decode_bound
-from superlinear_ops.tuner.bench import traffic
+from superlinear_ops.tuner.bench import bound_of_traffic, traffic
 from superlinear_ops.tuner.runner import ProblemBench, make_inputs, measure
 from superlinear_ops.tuner.sanitize import sanitize
 from superlinear_ops.tuner.workload import Case, load
@@ -195,8 +194,8 @@ def decode_ours(case: Case, device: torch.device) -> dict:
     row = {"error_vs_float64_reference": problem_bench.check(choice.variant, choice.config),
            "ours_ms": measure(call, device, graph=True), "kernels_ms": kernel_times(call, device),
            "choice": f"{choice.variant.name} {choice.config.text()}", "source": choice.source, "rule": explanation.rule}
-    ms, basis = decode_bound(case, [problem_bench.inputs])  # the inputs ours is timed on
-    bytes_, flop = traffic(case, [problem_bench.inputs])
+    bytes_, flop = traffic(case, [problem_bench.inputs])  # on the inputs ours is timed on
+    ms, basis = bound_of_traffic(case, bytes_, flop)
     row["bound"] = {"ms": ms if math.isfinite(ms) else None, "basis": basis, "gb": bytes_ / 1e9, "tflop": flop / 1e12}
     row["throughput"] = {"value": bytes_ / 1e9 / (row["ours_ms"] * 1e-3), "unit": "GB/s",
                          "basis": "the bound's bytes (what an ideal step moves on these inputs, tuner.bench.traffic) / ours' time"}

@@ -214,7 +214,7 @@ PLANTS = {
     "reference window start off by one": (REF, "window_lo = (pos - window + 1).clamp(min=0)", "window_lo = (pos - window + 2).clamp(min=0)", f"{VARIANTS} -k reference"),
     "reference forward: blocks merged without rescaling the earlier ones": (REF, "rescale = torch.exp(row_max - shift)", "rescale = torch.exp(shift - shift)", f"{BLOCKS} -k oracle"),
     "reference forward: a key block's last key skipped": (REF, "        end = min(first + block, k.shape[0])\n", "        end = min(first + block, k.shape[0]) - 1\n", f"{BLOCKS} -k oracle"),
-    "reference forward: every chunk of queries takes the first chunk's spans": (REF, "_Segments(*(t[rows] for t in group))", "_Segments(*(t[: rows.stop - rows.start] for t in group))", f"{BLOCKS} -k oracle"),
+    "reference forward: every chunk of queries takes the first chunk's spans": (REF, "SpanSegments(*(t[rows] for t in group))", "SpanSegments(*(t[: rows.stop - rows.start] for t in group))", f"{BLOCKS} -k oracle"),
     "reference forward: a poisoned K row counted at every key": (REF, "bad_keys = bad_keys + weights @", "bad_keys = bad_keys + torch.ones_like(weights) @", "tests/api/test_extreme_inputs.py -k 'poisoned or nonfinite'"),
     "hardening: window not clamped to the keys": (LAUNCH, "window=min(int(window), key_length),", "window=int(window),", f"{INPUTS} -k huge_window"),
     "hardening: empty slot reads key 0 for dQ1": (LGL, "d_q1 = torch.where(used, grad[..., None] * keys, 0.0).sum(dim=-2)", "d_q1 = (grad[..., None] * keys).sum(dim=-2)", f"{INPUTS} -k masked_key_zero"),

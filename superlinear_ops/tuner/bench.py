@@ -51,11 +51,15 @@ class BenchRow:
 def lower_bound(case: Case, timed: Sequence[Inputs]) -> tuple[float, str]:
     """max(bytes / bandwidth, FLOPs / tensor rate) in ms for this device's peaks (nan if unknown), the
     case's traffic taken on the inputs it is timed on (``ProblemBench.timed``)."""
+    return bound_of_traffic(case, *traffic(case, timed))
+
+
+def bound_of_traffic(case: Case, bytes_: float, flops: float) -> tuple[float, str]:
+    """(ms, basis) of ``lower_bound`` for traffic already counted."""
     peaks = PEAKS.get(case.problem.device.name)
     if peaks is None:
         return float("nan"), "no peak figures for this device"
     bandwidth, rate = peaks
-    bytes_, flops = traffic(case, timed)
     seconds = max(bytes_ / bandwidth, flops / rate)
     basis = f"{bytes_ / 1e9:.3g} GB at {bandwidth / 1e12:.1f} TB/s, {flops / 1e12:.3g} TFLOP at {rate / 1e12:.0f} TFLOP/s"
     return seconds * 1e3, basis

@@ -28,7 +28,7 @@ def _compute_dtype(dtype: torch.dtype) -> torch.dtype:
     return torch.float64 if dtype == torch.float64 else torch.float32
 
 
-class _Segments(NamedTuple):
+class SpanSegments(NamedTuple):
     """Per (b, h, q, span), broadcastable to [B, H, Lq, K]: the span segment [lo, hi] and the window
     segment [window_lo, pos] of semantics section 2 (a segment is empty where its end precedes its start)."""
 
@@ -43,8 +43,8 @@ class _Segments(NamedTuple):
         return in_span | ((keys >= self.window_lo[..., None]) & (keys <= self.pos[..., None]))
 
 
-def _segments(qstart: torch.Tensor, qend: torch.Tensor, cache_position: torch.Tensor, key_length: int,
-              window: int) -> _Segments:
+def span_segments(qstart: torch.Tensor, qend: torch.Tensor, cache_position: torch.Tensor, key_length: int,
+                  window: int) -> SpanSegments:
     """The segments of every (b, h, q, span), the span clamped to end before its query's window as
     every kernel clamps it (``span_tiles.clamped_span_bounds``): [max(qstart, 0), min(qend,
     Lkv - 1, pos - W)], the last bound only when W > 0, so overlapping (unvalidated) inputs give the
@@ -54,7 +54,7 @@ def _segments(qstart: torch.Tensor, qend: torch.Tensor, cache_position: torch.Te
     if window > 0:
         hi = torch.minimum(hi, pos - window)
     window_lo = (pos - window + 1).clamp(min=0) if window > 0 else pos + 1
-    return _Segments(qstart.to(torch.int64).clamp(min=0), hi, window_lo, pos)
+    return SpanSegments(qstart.to(torch.int64).clamp(min=0), hi, window_lo, pos)
 
 
 def attended_keys(
@@ -65,8 +65,8 @@ def attended_keys(
     key_length: int,
     window: int,
 ) -> torch.Tensor:
-    """Boolean [B, H, Lq, K, Lkv]: which keys each (b, h, q, span) attends (semantics section 2, ``_segments``)."""
-    allowed = _segments(qstart, qend, cache_position, key_length, window).allowed(torch.arange(key_length, device=qstart.device))
+    """Boolean [B, H, Lq, K, Lkv]: which keys each (b, h, q, span) attends (semantics section 2, ``span_segments``)."""
+    allowed = span_segments(qstart, qend, cache_position, key_length, window).allowed(torch.arange(key_length, device=qstart.device))
     if attention_mask is not None:
         allowed = allowed & (attention_mask[:, :key_length] != 0).view(-1, 1, 1, 1, key_length)
     return allowed
@@ -82,7 +82,7 @@ def attended_counts(
 ) -> torch.Tensor:
     """int64 [B, H, Lq, K]: how many keys each (b, h, q, span) attends, the ``attended_keys`` sum
     computed from prefix counts of the mask (no [.., Lkv] tensor is built)."""
-    seg = _segments(qstart, qend, cache_position, key_length, window)
+    seg = span_segments(qstart, qend, cache_position, key_length, window)
     batch = qstart.shape[0]
     kept = (torch.ones(batch, key_length, dtype=torch.int64, device=qstart.device) if attention_mask is None
             else (attention_mask[:, :key_length] != 0).to(torch.int64))
@@ -154,7 +154,7 @@ KEY_BLOCK = 1 << 16  # keys a forward step reads at once
 SCORE_BLOCK = 1 << 24  # scores a forward step holds at once (rows x spans x keys)
 
 
-def _rows_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, segments: _Segments, keep: torch.Tensor | None,
+def _rows_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, segments: SpanSegments, keep: torch.Tensor | None,
                   block: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """(out [R, K, D], natural-log sum of exp [R, K] (-inf: no key), poisoned [R, K]) for the queries
     q [R, D] (compute dtype) of one KV group with their spans' ``segments`` [R, K], by an online
@@ -215,8 +215,8 @@ def span_forward_reference(
     batch, hq, lq, dim = q.shape
     hkv, key_length, slots = k.shape[1], k.shape[2], qstart.shape[-1]
     rep = hq // hkv
-    segments = _segments(qstart, qend, cache_position, key_length, window)
-    segments = _Segments(*(t.expand(batch, hq, lq, slots) for t in segments))
+    segments = span_segments(qstart, qend, cache_position, key_length, window)
+    segments = SpanSegments(*(t.expand(batch, hq, lq, slots) for t in segments))
     keep = None if attention_mask is None else attention_mask[:, :key_length] != 0
     cdt = _compute_dtype(q.dtype)
     block = max(1, min(KEY_BLOCK, key_length))
@@ -226,9 +226,9 @@ def span_forward_reference(
         for g in range(hkv):
             heads = slice(g * rep, (g + 1) * rep)
             queries = q[b, heads].reshape(rep * lq, dim).to(cdt)
-            group = _Segments(*(t[b, heads].reshape(rep * lq, slots) for t in segments))
+            group = SpanSegments(*(t[b, heads].reshape(rep * lq, slots) for t in segments))
             for rows in (slice(i, i + chunk) for i in range(0, rep * lq, chunk)):
-                out, log_total, poisoned = _rows_forward(queries[rows], k[b, g], v[b, g], _Segments(*(t[rows] for t in group)),
+                out, log_total, poisoned = _rows_forward(queries[rows], k[b, g], v[b, g], SpanSegments(*(t[rows] for t in group)),
                                                          None if keep is None else keep[b], block)
                 outs.append(torch.where(poisoned[..., None], math.nan, out))
                 lse = torch.where(torch.isfinite(log_total), log_total / math.log(2.0), math.inf)

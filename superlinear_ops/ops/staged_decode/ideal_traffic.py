@@ -15,7 +15,7 @@ from ... import geometry
 from ...launch import LaunchGeometry
 from ...settings import SpanSettings
 from ..inputs import Inputs
-from ..span_attention.reference import attended_counts
+from ..span_attention.reference import attended_counts, span_segments
 from .staged import staged_decode
 
 
@@ -42,21 +42,19 @@ def step_traffic(x: Inputs, settings: SpanSettings) -> tuple[float, float]:
     geo = chosen_spans(x, settings)
     batch, heads, _, _ = geo.qstart.shape
     kv_heads, keys, dim = geo.k.shape[1], geo.k.shape[2], geo.k.shape[3]
-    device, window, mask = geo.k.device, geo.window, geo.attention_mask
-    pos = int(geo.cache_position[-1].clamp(max=keys - 1))
-    window_lo = max(pos - window + 1, 0) if window > 0 else pos + 1
+    device, mask = geo.k.device, geo.attention_mask
     kept = (mask[:, :keys] != 0) if mask is not None else torch.ones(batch, keys, dtype=torch.bool, device=device)
+    seg = span_segments(geo.qstart, geo.qend, geo.cache_position, keys, geo.window)
+    pos, window_lo = int(seg.pos), int(seg.window_lo)
 
     chosen = geo.qstart[:, :, 0] >= 0  # [B, Hq, topk]
-    per_slot = attended_counts(geo.qstart, geo.qend, geo.cache_position, mask, keys, window)[:, :, 0]
-    no_span = torch.full((batch, 1, 1, 1), -1, device=device)
-    window_only = attended_counts(no_span, no_span, geo.cache_position, mask, keys, window).view(batch, 1)
+    per_slot = attended_counts(geo.qstart, geo.qend, geo.cache_position, mask, keys, geo.window)[:, :, 0]
+    window_only = (kept[:, window_lo:pos + 1]).sum(-1, keepdim=True)  # [B, 1]: a head with no span attends its window
     per_head = torch.where(chosen.any(-1), torch.where(chosen, per_slot, 0).sum(-1), window_only)
     flops = 4.0 * dim * float(per_head.sum())
 
     # Keys each (batch row, KV head) attends: +1 where a segment starts, -1 past its end, summed along the keys.
-    span_lo = geo.qstart[:, :, 0].to(torch.int64).clamp(min=0)
-    span_hi = geo.qend[:, :, 0].to(torch.int64).clamp(max=min(keys - 1, pos - window) if window > 0 else keys - 1)
+    span_lo, span_hi = seg.lo[:, :, 0], seg.hi[:, :, 0]
     edges = torch.zeros(batch * kv_heads, keys + 1, dtype=torch.int32, device=device)
     group = (torch.arange(batch, device=device)[:, None, None] * kv_heads
              + torch.arange(heads, device=device)[None, :, None] // (heads // kv_heads)).expand_as(span_lo)
