@@ -374,7 +374,9 @@ def main() -> int:
     args = parser.parse_args()
     copy = pathlib.Path(tempfile.mkdtemp(prefix="plant_bugs_"))
     copy_repository(copy)
-    env = {**os.environ, "PYTHONPATH": str(copy), "PYTHONDONTWRITEBYTECODE": "1"}
+    # The copy first; the rest of PYTHONPATH stays for dependencies installed there.
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(copy), os.environ.get("PYTHONPATH")])),
+           "PYTHONDONTWRITEBYTECODE": "1"}
     where = subprocess.run([sys.executable, "-c", "import superlinear_ops; print(superlinear_ops.__file__)"],
                            cwd=copy, env=env, capture_output=True, text=True, check=False).stdout.strip()
     if not where.startswith(str(copy)):
