@@ -7,7 +7,8 @@ A plant counts as CAUGHT only when pytest exits 1 with failed tests whose first 
 AssertionError (a test's check failed); a collection or usage error (exit 2-5), a crash of the
 test itself, or a plant whose text is no longer in the source (STALE) counts as not caught. Exit status 0 only when every plant is caught.
 The store plants' tests need a PostgreSQL server, as in CI (source ci/postgres.sh && postgres_start): without
-one they skip, and those plants count as not caught.
+one they skip, and those plants count as not caught. The Hopper tiles' plants need an sm_90 GPU
+(``--only hopper`` there); elsewhere their tests skip and they count as not caught.
 """
 
 from __future__ import annotations
@@ -71,6 +72,8 @@ TORCH_OPS = "superlinear_ops/torch_ops.py"
 INPUTS = "tests/api/test_extreme_inputs.py"
 BWD = f"{VARIANTS} -k span_backward"
 TCF_TESTS = "tests/ops/span_attention/test_tile_forward.py"
+HOP = "superlinear_ops/ops/span_attention/hopper_tile_forward.py"
+HOP_TESTS = "tests/ops/span_attention/test_hopper_tile_forward.py"
 LSP = "superlinear_ops/ops/layer/spans_kernel.py"
 SPANS = "tests/ops/layer/test_layer_spans.py"
 
@@ -339,6 +342,11 @@ PLANTS = {
     "layer search reads the table's last stripe at the one before": (LSK, "tl.minimum(j, N_STRIPES - 1)", "tl.minimum(j, N_STRIPES - 2)", f"{EDGES} -k tiled_search"),
     "tuner: a sticky error leaves its worker in place": ("superlinear_ops/tuner/worker.py", "str(err))), err.sticky or not context_usable(bench.device)", "str(err))), not context_usable(bench.device)", "tests/tuner/test_worker_faults.py -k sticky"),
     "tuner: a worker found dead between candidates is reused": ("superlinear_ops/tuner/worker.py", "            self._kill()  # it died between candidates", "            pass  # it died between candidates", "tests/tuner/test_worker_faults.py -k killed"),
+    "hopper tiles: the running sum never rescaled": (HOP, "            acc = acc * gl.convert_layout(alpha, o_rows)[:, None]\n", "", HOP_TESTS),
+    "hopper tiles: the last edge blocks unmasked": (HOP, "(j < first_inner) | (j >= end_inner)", "j < first_inner", HOP_TESTS),
+    "hopper tiles: the first block unmasked": (HOP, "(first_inner > 0) | (end_inner < 1)", "end_inner < 1", HOP_TESTS),
+    "hopper tiles: the producer one block ahead": (HOP, "[first_key_row + j * BLOCK_N, 0], v_ready", "[first_key_row + (j + 1) * BLOCK_N, 0], v_ready", HOP_TESTS),
+    "hopper tiles: window part dropped in the merge": (HOP, "    beta = gl.exp2(lw - m_ref)\n", "    beta = gl.exp2(lw - m_ref) * 0.0\n", HOP_TESTS),
     "explain: causes as reason templates with their numbers stripped": ("superlinear_ops/arch_check.py", "causes.setdefault(cause_of(reason), [])", "causes.setdefault(\" \".join(w for w in reason.split() if not any(c.isdigit() for c in w)), [])", "tests/base/test_explain_summary.py"),
     "explain: an example that is no reason of its cause": ("superlinear_ops/arch_check.py", "e.g. {min(reasons)}", "e.g. {min(reasons)[:40]}", "tests/base/test_explain_summary.py"),
 }

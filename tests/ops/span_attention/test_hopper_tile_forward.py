@@ -1,0 +1,126 @@
+"""The Hopper span tiles (Gluon, sm_90 only): against the float64 span forward on an sm_90 GPU, and
+the reasons they are refused everywhere else."""
+
+from __future__ import annotations
+
+import itertools
+
+import pytest
+import torch
+from helpers import assert_close, poisoned_allocations
+from tile_cases import random_spans
+
+from superlinear_ops import geometry
+from superlinear_ops.launch import KernelConfig, LaunchGeometry
+from superlinear_ops.ops.span_attention.reference import span_forward_reference
+from superlinear_ops.ops.span_attention.variants import HOPPER_DEFAULTS, HOPPER_FORWARD, hopper_check
+from superlinear_ops.problem import SPAN_FORWARD, DeviceIdentity, Problem
+
+ON_HOPPER = torch.cuda.is_available() and torch.cuda.get_device_capability() == (9, 0)
+needs_hopper = pytest.mark.skipif(not ON_HOPPER, reason="Gluon warp specialisation and wgmma: an sm_90 GPU")
+H100 = DeviceIdentity("NVIDIA H100 80GB HBM3", "sm_90", 132)
+SW_INDEX = 20  # float path 0.55: W = 252, wider than the widest key block
+
+
+def problem(**change) -> Problem:
+    fields = dict(op=SPAN_FORWARD, dtype="bfloat16", head_dim=128, q_heads=32, kv_heads=2, spans=3, queries=8192,
+                  keys=16384, batch=1, masked=False, sw_index=65, power="float0.55", device=H100)
+    return Problem(**{**fields, **change})
+
+
+@pytest.mark.parametrize("change, reason", [
+    ({"device": DeviceIdentity("cpu", "interpreter", 0)}, "needs an sm_90 GPU"),
+    ({"device": DeviceIdentity("NVIDIA A100", "sm_80", 108)}, "needs an sm_90 GPU"),
+    ({"dtype": "float32"}, "take bfloat16 or float16"),
+    ({"head_dim": 96}, "head dim 96"),
+    ({"masked": True}, "an attention mask"),
+    ({"sw_index": 3}, "window of"),
+])
+def test_refused_with_a_reason(change: dict, reason: str):
+    reasons = HOPPER_FORWARD.reasons(problem(**change))
+    assert any(reason in r for r in reasons), reasons
+
+
+def test_serves_model_m_on_sm_90():
+    assert HOPPER_FORWARD.reasons(problem()) == []
+    assert hopper_check(problem(), HOPPER_FORWARD.default(problem())) is None
+
+
+def test_key_blocks_no_wider_than_the_window():
+    """W 120 (sw_index 13): 64-key blocks only, and the default takes them."""
+    narrow = problem(sw_index=13)
+    assert HOPPER_FORWARD.reasons(narrow) == []
+    config = KernelConfig({**HOPPER_DEFAULTS, "span_block_n": 128})
+    assert "> the window" in hopper_check(narrow, config)
+    assert hopper_check(narrow, config.replace(span_block_n=64)) is None
+    assert HOPPER_FORWARD.default(narrow)["span_block_n"] == 64
+
+
+def test_shared_memory_check_refuses_what_does_not_fit():
+    """128 rows and four stages of 128-key K/V blocks need 288 KB; three stages fit (compiled: 229,580 bytes)."""
+    config = KernelConfig({**HOPPER_DEFAULTS, "span_block_m": 128, "span_block_n": 128, "span_stages": 4})
+    assert "shared memory" in hopper_check(problem(), config)
+    assert hopper_check(problem(), config.replace(span_stages=3)) is None
+
+
+# --- on an sm_90 GPU: against the float64 reference --------------------------------------------
+
+CONFIGS = [
+    {**HOPPER_DEFAULTS, "span_block_m": m, "span_block_n": n, "span_stages": s}
+    for m, n, s in itertools.product((64, 128), (64, 128), (2, 3, 4))
+    if hopper_check(problem(), KernelConfig({**HOPPER_DEFAULTS, "span_block_m": m, "span_block_n": n, "span_stages": s})) is None
+]
+
+
+def gpu_inputs(gen: torch.Generator, batch: int, hq: int, hkv: int, lq: int, lkv: int, dim: int, max_span: int,
+               consecutive: bool, filled: int | None = None):
+    """bf16 inputs on the GPU with W = 252 spans ending before each window; keys from ``filled`` on
+    are an unwritten static-cache tail of NaN (positions end before it)."""
+    window = geometry.window_len_from_sw_index(SW_INDEX, search_power=0.55, inv_search_power_int=None)
+    filled = filled or lkv
+    q = torch.randn(batch, hq, lq, dim, generator=gen).to(torch.bfloat16)
+    k = torch.randn(batch, hkv, lkv, dim, generator=gen).to(torch.bfloat16)
+    v = torch.randn(batch, hkv, lkv, dim, generator=gen).to(torch.bfloat16)
+    k[:, :, filled:], v[:, :, filled:] = float("nan"), float("nan")
+    if consecutive:
+        positions = torch.arange(filled - lq, filled)
+    else:
+        positions = torch.randint(0, filled, (lq,), generator=gen)
+    qstart, qend = random_spans(gen, batch, hq, positions, 3, lkv, window, max_span)
+    cpu = (q, k, v, qstart, qend, positions)
+    return cpu, window
+
+
+def check_hopper(cpu_inputs, window: int, config: dict):
+    from superlinear_ops.ops.span_attention.hopper_tile_forward import span_forward_hopper
+
+    q, k, v, qstart, qend, positions = (t.cuda() for t in cpu_inputs)
+    geo = LaunchGeometry.prepare(q, k, v, qstart, qend, positions, None, window)
+    with poisoned_allocations():
+        out, lse = span_forward_hopper(geo, config)
+    torch.cuda.synchronize()
+    q, k, v, qstart, qend, positions = cpu_inputs
+    ref_out, ref_lse = span_forward_reference(q.double(), k.double().nan_to_num(0, 0, 0), v.double().nan_to_num(0, 0, 0),
+                                              qstart, qend, positions, None, window, return_lse=True)
+    out, lse = out.cpu(), lse.cpu()
+    assert_close(out, ref_out, torch.bfloat16, k.shape[2], "out")
+    nobody = torch.isinf(ref_lse)
+    assert torch.equal(torch.isposinf(lse), nobody), "lse is +inf exactly where no key is attended"
+    assert_close(lse[~nobody], ref_lse[~nobody], torch.float32, k.shape[2], "lse")
+
+
+@needs_hopper
+@pytest.mark.parametrize("config", CONFIGS, ids=lambda c: f"m{c['span_block_m']}-n{c['span_block_n']}-s{c['span_stages']}")
+def test_long_spans_across_many_key_blocks(config: dict):
+    """Model M's groups (rep 16), spans up to 1,500 keys: tiles with many inner blocks and edges."""
+    gen = torch.Generator().manual_seed(0)
+    check_hopper(*gpu_inputs(gen, 1, 32, 2, 384, 6000, 128, 1500, True), config)
+
+
+@needs_hopper
+@pytest.mark.parametrize("config", CONFIGS[:2], ids=lambda c: f"m{c['span_block_m']}-n{c['span_block_n']}-s{c['span_stages']}")
+def test_short_spans_random_positions_batch_two_static_cache_tail(config: dict):
+    """B 2, rep 4, D 64, random positions, spans of 1 to 40 keys (tiles spread over many blocks,
+    most rows masked in most blocks), rows at t <= W with no span, and a NaN tail of unwritten keys."""
+    gen = torch.Generator().manual_seed(1)
+    check_hopper(*gpu_inputs(gen, 2, 8, 2, 300, 3000, 64, 40, False, filled=2900), config)
