@@ -1,0 +1,109 @@
+"""span_forward on an sm_90 GPU at model-M prefill chunks: the Gluon hopper_tiles beside tc_tiles.
+
+``tc_tiles`` runs with the dispatcher's entry for the problem (tuned where the shipped file has one).
+
+Per case (32 query heads over 2 KV heads, D 128, bf16, W 2032, spans as the search places them): ``tc_tiles``
+with the configuration the dispatcher gives the problem, then each ``hopper_tiles`` configuration of a small sweep;
+for each, the median time (``do_bench``), the error on 16 query rows spread over the chunk against the float64
+reference and the largest difference from ``tc_tiles`` on every row; then the kernels of ``tc_tiles`` and of the
+fastest ``hopper_tiles`` one by one (PyTorch profiler). The JSON (``--out``) is rewritten after every case.
+
+    PYTHONPATH=. python benchmarks/hopper_span_tiles.py --out hopper_span_tiles.json [--cases 3]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import traceback
+from pathlib import Path
+
+import torch
+import triton
+from span_forward_tiles import errors, profile, reference_rows, spans  # this folder's helpers
+
+from superlinear_ops import dispatch
+from superlinear_ops.launch import LaunchGeometry
+from superlinear_ops.problem import SPAN_FORWARD, Problem, device_identity
+
+WINDOW = 2032  # model M: sw_index 65, search power 0.55
+CASES = [(8192, 16384), (32768, 1048576), (32768, 10_000_000), (8192, 139264)]  # (queries, keys), chunk at the end
+SWEEP = [(128, 64, 3), (128, 64, 2), (128, 128, 2), (64, 128, 3)]  # (span_block_m, span_block_n, span_stages)
+
+
+def timed(fn, long: bool) -> float:
+    return triton.testing.do_bench(fn, warmup=10, rep=400 if long else 100)
+
+
+def run_case(lq: int, lkv: int, gen: torch.Generator, dev: torch.device) -> dict:
+    """One chunk of ``lq`` queries at the end of ``lkv`` keys: tc_tiles, then the hopper_tiles sweep."""
+    from superlinear_ops.ops.span_attention.hopper_tile_forward import span_forward_hopper
+    from superlinear_ops.ops.span_attention.tile_forward import span_forward_tc
+    from superlinear_ops.ops.span_attention.variants import HOPPER_DEFAULTS, TC_FORWARD_DEFAULTS
+
+    row: dict = {"case": f"{lq} over {lkv}"}
+    q = torch.randn(1, 32, lq, 128, device=dev, dtype=torch.bfloat16, generator=gen)
+    k = torch.randn(1, 2, lkv, 128, device=dev, dtype=torch.bfloat16, generator=gen)
+    v = torch.randn(1, 2, lkv, 128, device=dev, dtype=torch.bfloat16, generator=gen)
+    positions = torch.arange(lkv - lq, lkv, device=dev)
+    qstart, qend = spans(gen, lq, positions, lkv, WINDOW)
+    geo = LaunchGeometry.prepare(q, k, v, qstart, qend, positions, None, WINDOW)
+    problem = Problem(SPAN_FORWARD, "bfloat16", 128, 32, 2, 3, lq, lkv, 1, False, 65, "float0.55", device_identity(dev))
+    choice = dispatch.select(problem)
+    tc_config = dict(choice.config) if choice.variant.name == "tc_tiles" else dict(TC_FORWARD_DEFAULTS)
+    row["dispatcher"] = f"{choice.variant.name} {choice.config.text()} ({choice.source})"
+    long = lq >= 32768
+    tc_out, tc_lse = span_forward_tc(geo, tc_config)
+    sel = torch.linspace(0, lq - 1, 16, device=dev).long()
+    f64 = reference_rows(geo, sel)
+    row["tc_tiles"] = {"config": tc_config, "ms": timed(lambda: span_forward_tc(geo, tc_config), long),
+                       "vs_float64": errors(tc_out[:, :, sel], tc_lse[:, :, sel], *f64),
+                       "kernels": profile(lambda: span_forward_tc(geo, tc_config))}
+    print(row["case"], "tc_tiles", f"{row['tc_tiles']['ms']:.3f} ms", row["dispatcher"], flush=True)
+    best = None
+    for m, n, stages in SWEEP:
+        config = {**HOPPER_DEFAULTS, "span_block_m": m, "span_block_n": n, "span_stages": stages}
+        name = f"hopper_tiles m{m} n{n} s{stages}"
+        try:
+            out, lse = span_forward_hopper(geo, config)
+            entry = {"config": config, "vs_float64": errors(out[:, :, sel], lse[:, :, sel], *f64),
+                     "max_vs_tc_tiles": ((out.float() - tc_out.float()).abs().max() / tc_out.float().abs().max()).item(),
+                     "ms": timed(lambda: span_forward_hopper(geo, config), long)}
+        except Exception as err:  # noqa: BLE001 - a configuration that fails is recorded, the sweep goes on
+            entry = {"config": config, "error": repr(err)[:500]}
+        row[name] = entry
+        print(row["case"], name, {key: entry[key] for key in ("ms", "max_vs_tc_tiles", "error") if key in entry}, flush=True)
+        if "ms" in entry and (best is None or entry["ms"] < row[best]["ms"]):
+            best = name
+    if best is not None:
+        row["fastest_hopper_tiles"] = best
+        row[best]["kernels"] = profile(lambda: span_forward_hopper(geo, row[best]["config"]))
+        row["tc_over_hopper"] = row["tc_tiles"]["ms"] / row[best]["ms"]
+    return row
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--out", type=Path, default=Path("hopper_span_tiles.json"))
+    parser.add_argument("--cases", type=int, default=len(CASES), help="the first N cases (default: all)")
+    args = parser.parse_args()
+    if not torch.cuda.is_available() or torch.cuda.get_device_capability() != (9, 0):
+        print("hopper_span_tiles.py needs an sm_90 GPU (H100 or H200)", file=sys.stderr)
+        return 1
+    dev = torch.device("cuda")
+    gen = torch.Generator(device=dev).manual_seed(0)
+    results = {"device": torch.cuda.get_device_name(), "cases": []}
+    for lq, lkv in CASES[: args.cases]:
+        try:
+            results["cases"].append(run_case(lq, lkv, gen, dev))
+        except Exception:  # noqa: BLE001 - a case that fails is recorded, the next runs
+            results["cases"].append({"case": f"{lq} over {lkv}", "error": traceback.format_exc()[-1500:]})
+            print(results["cases"][-1]["error"], flush=True)
+        args.out.write_text(json.dumps(results, indent=1, default=str))
+        torch.cuda.empty_cache()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
