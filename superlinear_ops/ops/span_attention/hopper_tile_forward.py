@@ -105,7 +105,7 @@ def _span_consumer(q_smem, k_bufs, v_bufs, k_ready, v_ready, free, row_lo, row_h
             mbarrier.wait(k_ready.index(stage), (j // STAGES) & 1)
             s = warpgroup_mma(q_smem, k_bufs.index(stage).permute((1, 0)), zero_s, use_acc=False, is_async=True)
             mbarrier.wait(v_ready.index(prev), ((j - 1) // STAGES) & 1)
-            p_op = gl.convert_layout(p.to(gl.bfloat16), p_layout)
+            p_op = gl.convert_layout(p.to(v_bufs.dtype), p_layout)
             acc = warpgroup_mma(p_op, v_bufs.index(prev), acc, is_async=True)
             s = warpgroup_mma_wait(1, deps=(s,))
             p, m, alpha, l = _block_probabilities(s, m, l, tile_lo + j * BLOCK_N, row_lo, row_hi,
@@ -115,7 +115,7 @@ def _span_consumer(q_smem, k_bufs, v_bufs, k_ready, v_ready, free, row_lo, row_h
             acc = acc * gl.convert_layout(alpha, o_rows)[:, None]
         last = (n_blocks - 1) % STAGES
         mbarrier.wait(v_ready.index(last), ((n_blocks - 1) // STAGES) & 1)
-        p_op = gl.convert_layout(p.to(gl.bfloat16), p_layout)
+        p_op = gl.convert_layout(p.to(v_bufs.dtype), p_layout)
         acc = warpgroup_mma(p_op, v_bufs.index(last), acc, is_async=True)
         acc, p_op = warpgroup_mma_wait(0, deps=(acc, p_op))
     return acc, gl.convert_layout(m, o_rows), gl.convert_layout(l, o_rows)

@@ -73,14 +73,14 @@ CONFIGS = [
 
 
 def gpu_inputs(gen: torch.Generator, batch: int, hq: int, hkv: int, lq: int, lkv: int, dim: int, max_span: int,
-               consecutive: bool, filled: int | None = None):
-    """bf16 inputs on the GPU with W = 252 spans ending before each window; keys from ``filled`` on
-    are an unwritten static-cache tail of NaN (positions end before it)."""
+               consecutive: bool, filled: int | None = None, dtype: torch.dtype = torch.bfloat16):
+    """Inputs with W = 252 spans ending before each window; keys from ``filled`` on are an unwritten
+    static-cache tail of NaN (positions end before it)."""
     window = geometry.window_len_from_sw_index(SW_INDEX, search_power=0.55, inv_search_power_int=None)
     filled = filled or lkv
-    q = torch.randn(batch, hq, lq, dim, generator=gen).to(torch.bfloat16)
-    k = torch.randn(batch, hkv, lkv, dim, generator=gen).to(torch.bfloat16)
-    v = torch.randn(batch, hkv, lkv, dim, generator=gen).to(torch.bfloat16)
+    q = torch.randn(batch, hq, lq, dim, generator=gen).to(dtype)
+    k = torch.randn(batch, hkv, lkv, dim, generator=gen).to(dtype)
+    v = torch.randn(batch, hkv, lkv, dim, generator=gen).to(dtype)
     k[:, :, filled:], v[:, :, filled:] = float("nan"), float("nan")
     if consecutive:
         positions = torch.arange(filled - lq, filled)
@@ -103,7 +103,7 @@ def check_hopper(cpu_inputs, window: int, config: dict):
     ref_out, ref_lse = span_forward_reference(q.double(), k.double().nan_to_num(0, 0, 0), v.double().nan_to_num(0, 0, 0),
                                               qstart, qend, positions, None, window, return_lse=True)
     out, lse = out.cpu(), lse.cpu()
-    assert_close(out, ref_out, torch.bfloat16, k.shape[2], "out")
+    assert_close(out, ref_out, q.dtype, k.shape[2], "out")
     nobody = torch.isinf(ref_lse)
     assert torch.equal(torch.isposinf(lse), nobody), "lse is +inf exactly where no key is attended"
     assert_close(lse[~nobody], ref_lse[~nobody], torch.float32, k.shape[2], "lse")
@@ -124,3 +124,10 @@ def test_short_spans_random_positions_batch_two_static_cache_tail(config: dict):
     most rows masked in most blocks), rows at t <= W with no span, and a NaN tail of unwritten keys."""
     gen = torch.Generator().manual_seed(1)
     check_hopper(*gpu_inputs(gen, 2, 8, 2, 300, 3000, 64, 40, False, filled=2900), config)
+
+
+@needs_hopper
+def test_float16():
+    """fp16 inputs (the probabilities meet V in fp16), B 1, rep 16, the default tiles."""
+    gen = torch.Generator().manual_seed(2)
+    check_hopper(*gpu_inputs(gen, 1, 32, 2, 256, 4000, 128, 600, True, dtype=torch.float16), dict(HOPPER_DEFAULTS))
