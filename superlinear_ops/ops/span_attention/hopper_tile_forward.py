@@ -41,7 +41,6 @@ from .tile_forward import SPAN_START_BLOCK, span_forward_tc
 from .window_forward import block_d, row_descriptors, window_attention
 
 PRODUCER_REGISTERS = gl.constexpr(24)  # the producer warp only issues TMA loads and waits on barriers
-HOPPER_TILE_ROWS = (64, 128)  # one or two consumer warpgroups
 
 
 @gluon.constexpr_function

@@ -151,7 +151,7 @@ TC_FORWARD = Variant(
 # --- span_forward/hopper_tiles ------------------------------------------------------------------
 
 HOPPER_KEY_BLOCKS = (64, 128)
-HOPPER_SPACE = TC_SPACE[:4] + (  # the window kernel's tiles, then the Hopper span tiles' (warps: one warpgroup per 64 rows)
+HOPPER_SPACE = TC_SPACE[:4] + (  # the window kernel's tiles, then the Hopper span tiles' (one consumer warpgroup per 64 rows)
     Param("span_block_m", (64, 128)),
     Param("span_block_n", HOPPER_KEY_BLOCKS),
     Param("span_stages", (2, 3, 4)),
