@@ -2,11 +2,14 @@
 
 ``tc_tiles`` runs with the dispatcher's entry for the problem (tuned where the shipped file has one).
 
-Per case (32 query heads over 2 KV heads, D 128, bf16, W 2032, spans as the search places them): ``tc_tiles``
-with the configuration the dispatcher gives the problem, then each ``hopper_tiles`` configuration of a small sweep;
-for each, the median time (``do_bench``), the error on 16 query rows spread over the chunk against the float64
-reference and the largest difference from ``tc_tiles`` on every row; then the kernels of ``tc_tiles`` and of the
-fastest ``hopper_tiles`` one by one (PyTorch profiler). The JSON (``--out``) is rewritten after every case.
+Per case (32 query heads over 2 KV heads, D 128, bf16, W 2032, spans as the search places them):
+``tc_tiles`` with the configuration the dispatcher gives the problem; the window part alone, by
+tc_tiles' Triton kernel and by the Gluon window kernel on each of a few tiles (time and largest
+difference from the Triton kernel's); then the whole ``hopper_tiles`` forward with the fastest
+window tiles and each span tiles of a small sweep: the median time (``do_bench``), the error on 16
+query rows spread over the chunk against the float64 reference and the largest difference from
+``tc_tiles`` on every row; then the kernels of ``tc_tiles`` and of the fastest ``hopper_tiles`` one
+by one (PyTorch profiler). The JSON (``--out``) is rewritten after every case.
 
     PYTHONPATH=. python benchmarks/hopper_span_tiles.py --out hopper_span_tiles.json [--cases 3]
 """
@@ -29,7 +32,16 @@ from superlinear_ops.problem import SPAN_FORWARD, Problem, device_identity
 
 WINDOW = 2032  # model M: sw_index 65, search power 0.55
 CASES = [(8192, 16384), (32768, 1048576), (32768, 10_000_000), (8192, 139264)]  # (queries, keys), chunk at the end
-SWEEP = [(128, 64, 3), (128, 64, 2), (128, 128, 2), (64, 128, 3)]  # (span_block_m, span_block_n, span_stages)
+TILES = [(128, 64, 3), (128, 64, 2), (128, 128, 2), (64, 128, 3)]  # (block_m, block_n, stages) of either Gluon kernel
+
+
+def tiles(part: str, m: int, n: int, stages: int) -> dict:
+    return {f"{part}_block_m": m, f"{part}_block_n": n, f"{part}_stages": stages}
+
+
+def relative_difference(a: torch.Tensor, b: torch.Tensor) -> float:
+    finite = torch.isfinite(b)
+    return ((a.float() - b.float())[finite].abs().max() / b.float()[finite].abs().max()).item()
 
 
 def timed(fn, long: bool) -> float:
@@ -38,9 +50,10 @@ def timed(fn, long: bool) -> float:
 
 def run_case(lq: int, lkv: int, gen: torch.Generator, dev: torch.device) -> dict:
     """One chunk of ``lq`` queries at the end of ``lkv`` keys: tc_tiles, then the hopper_tiles sweep."""
-    from superlinear_ops.ops.span_attention.hopper_tile_forward import span_forward_hopper
+    from superlinear_ops.ops.span_attention.hopper_tile_forward import hopper_window, span_forward_hopper
     from superlinear_ops.ops.span_attention.tile_forward import span_forward_tc
     from superlinear_ops.ops.span_attention.variants import HOPPER_DEFAULTS, TC_FORWARD_DEFAULTS
+    from superlinear_ops.ops.span_attention.window_forward import window_attention
 
     row: dict = {"case": f"{lq} over {lkv}"}
     q = torch.randn(1, 32, lq, 128, device=dev, dtype=torch.bfloat16, generator=gen)
@@ -61,14 +74,34 @@ def run_case(lq: int, lkv: int, gen: torch.Generator, dev: torch.device) -> dict
                        "vs_float64": errors(tc_out[:, :, sel], tc_lse[:, :, sel], *f64),
                        "kernels": profile(lambda: span_forward_tc(geo, tc_config))}
     print(row["case"], "tc_tiles", f"{row['tc_tiles']['ms']:.3f} ms", row["dispatcher"], flush=True)
+    triton_out, triton_lse = window_attention(geo, tc_config)
+    row["window tc_tiles"] = {"ms": timed(lambda: window_attention(geo, tc_config), long)}
+    print(row["case"], "window tc_tiles", row["window tc_tiles"], flush=True)
+    window_best = None
+    for m, n, stages in TILES:
+        config = {**HOPPER_DEFAULTS, **tiles("window", m, n, stages)}
+        name = f"window gluon m{m} n{n} s{stages}"
+        try:
+            out, lse = hopper_window(geo, config)
+            entry = {"config": config, "max_vs_tc_tiles": relative_difference(out, triton_out),
+                     "lse_max_vs_tc_tiles": relative_difference(lse, triton_lse),
+                     "ms": timed(lambda: hopper_window(geo, config), long)}
+        except Exception as err:  # noqa: BLE001 - a configuration that fails is recorded, the sweep goes on
+            entry = {"config": config, "error": repr(err)[:500]}
+        row[name] = entry
+        print(row["case"], name, {key: entry[key] for key in ("ms", "max_vs_tc_tiles", "error") if key in entry}, flush=True)
+        if "ms" in entry and (window_best is None or entry["ms"] < row[window_best]["ms"]):
+            window_best = name
+    window_tiles = row[window_best]["config"] if window_best else HOPPER_DEFAULTS
     best = None
-    for m, n, stages in SWEEP:
-        config = {**HOPPER_DEFAULTS, "span_block_m": m, "span_block_n": n, "span_stages": stages}
-        name = f"hopper_tiles m{m} n{n} s{stages}"
+    for m, n, stages in TILES:
+        config = {**HOPPER_DEFAULTS, **{k: v for k, v in window_tiles.items() if k.startswith("window_")},
+                  **tiles("span", m, n, stages)}
+        name = f"hopper_tiles span m{m} n{n} s{stages}"
         try:
             out, lse = span_forward_hopper(geo, config)
             entry = {"config": config, "vs_float64": errors(out[:, :, sel], lse[:, :, sel], *f64),
-                     "max_vs_tc_tiles": ((out.float() - tc_out.float()).abs().max() / tc_out.float().abs().max()).item(),
+                     "max_vs_tc_tiles": relative_difference(out, tc_out),
                      "ms": timed(lambda: span_forward_hopper(geo, config), long)}
         except Exception as err:  # noqa: BLE001 - a configuration that fails is recorded, the sweep goes on
             entry = {"config": config, "error": repr(err)[:500]}

@@ -346,6 +346,8 @@ PLANTS = {
     "hopper tiles: the last edge blocks unmasked": (HOP, "(j < first_inner) | (j >= end_inner)", "j < first_inner", HOP_TESTS),
     "hopper tiles: the first block unmasked": (HOP, "(first_inner > 0) | (end_inner < 1)", "end_inner < 1", HOP_TESTS),
     "hopper tiles: the producer one block ahead": (HOP, "[first_key_row + j * BLOCK_N, 0], v_ready", "[first_key_row + (j + 1) * BLOCK_N, 0], v_ready", HOP_TESTS),
+    "hopper tiles: the window drops its first key": (HOP, "row_lo = gl.maximum(pos - WINDOW + 1, 0)", "row_lo = gl.maximum(pos - WINDOW + 2, 0)", HOP_TESTS),
+    "hopper tiles: values past the range not zeroed": (HOP, "if last_key0 + BLOCK_N - 1 > tile_hi:", "if last_key0 + BLOCK_N - 1 > tile_hi + BLOCK_N:", HOP_TESTS),
     "hopper tiles: window part dropped in the merge": (HOP, "    beta = gl.exp2(lw - m_ref)\n", "    beta = gl.exp2(lw - m_ref) * 0.0\n", HOP_TESTS),
     "explain: causes as reason templates with their numbers stripped": ("superlinear_ops/arch_check.py", "causes.setdefault(cause_of(reason), [])", "causes.setdefault(\" \".join(w for w in reason.split() if not any(c.isdigit() for c in w)), [])", "tests/base/test_explain_summary.py"),
     "explain: an example that is no reason of its cause": ("superlinear_ops/arch_check.py", "e.g. {min(reasons)}", "e.g. {min(reasons)[:40]}", "tests/base/test_explain_summary.py"),

@@ -1,24 +1,27 @@
-"""The span-tile forward for sm_90 in Gluon: a TMA producer warp and consumer warpgroups on wgmma.
+"""Span attention's forward for sm_90 in Gluon: window and span tiles fed by a TMA producer warp to
+consumer warpgroups on wgmma, as in FlashAttention-3.
 
-Same plan, rows and numbers as ``span_tile_kernel`` (tile_forward.py): one program per (tile of
-``BLOCK_M`` sorted (head, query, slot) triples, KV group) streams the key blocks of the tile's range
-[min lo, max hi] and merges each row with its window part by log-sum-exp. What differs is how a
-block is fed and computed, as in FlashAttention-3:
+The numbers and plan of ``span_forward_tc`` (tile_forward.py): the window part of every query once,
+then the spans in tiles of sorted (head, query, slot) triples, each row merged with its window part
+by log-sum-exp. Both kernels attend a tile of ``BLOCK_M`` rows, each over its own key range [lo, hi]
+of one KV group, through ``_attend_tile``: the key blocks of the tile's range [min lo, max hi] are
 
-- a one-warp producer partition loads every K and V block of the range through the tensor memory
-  accelerator into a ring of ``STAGES`` shared-memory buffers (one mbarrier per buffer that its
-  loads fill, one that the consumers free), and gives its registers to the consumers (24 each);
-- the consumer partition (``BLOCK_M / 16`` warps: one warpgroup per 64 rows) computes the scores
-  of block j on the tensor cores while the product of block j-1's probabilities with its values
-  runs, so the softmax of one block overlaps the other block's matrix work;
-- blocks that not every row of the tile attends (the range's first and last) take per-row [lo, hi]
-  masks; the others none.
+- loaded by a one-warp producer partition through the tensor memory accelerator into a ring of
+  ``STAGES`` shared-memory K and V buffers (one mbarrier per buffer that its loads fill, one that
+  the consumers free), the producer giving its registers to the consumers (24 each);
+- computed by the consumer partition (``BLOCK_M / 16`` warps: one warpgroup per 64 rows): the
+  scores of block j on the tensor cores while block j-1's probabilities meet its values, so the
+  softmax of one block overlaps the other's matrix work; per-row [lo, hi] masks only on the blocks
+  that not every row attends (the range's first and last).
 
-Only for unmasked problems whose window is at least a key block wide: every key an edge block loads
-is then a key of the group before the query whose span ends last (the promise ``EDGE_TMA`` makes in
-tile_forward.py), or past the group's last key, which TMA reads as zeros. Gluon's warp
-specialisation and wgmma need an sm_90 GPU: Triton's interpreter does not run this kernel, so it is
-tested on the GPU against the float64 oracle and refused with a reason elsewhere.
+Keys the last block loads past the range (up to ``BLOCK_N`` - 1 of them: later keys of the group,
+which an unwritten static cache holds as NaN, or the next group's) get zero weight, and their
+values are zeroed in shared memory before they meet the weights, so no key outside the range ever
+reaches an output. Keys inside the range are attended by some row of the tile and are expected to
+be finite: a NaN value there reaches the tile's other rows too, as 0 * NaN in the shared dot.
+Unmasked problems only (an attention mask would hide keys inside the range). Gluon's warp
+specialisation and wgmma need an sm_90 GPU: Triton's interpreter does not run these kernels, so
+they are tested on the GPU against the float64 oracle and refused with a reason elsewhere.
 """
 
 from __future__ import annotations
@@ -37,8 +40,8 @@ from ...launch import LaunchGeometry, forward_outputs
 from ..kernel_helpers import LOG2E
 from ..side_stream import SideStream
 from .span_tiles import span_tile_plan
-from .tile_forward import SPAN_START_BLOCK, span_forward_tc
-from .window_forward import block_d, row_descriptors, window_attention
+from .tile_forward import SPAN_START_BLOCK
+from .window_forward import block_d, row_descriptors
 
 PRODUCER_REGISTERS = gl.constexpr(24)  # the producer warp only issues TMA loads and waits on barriers
 
@@ -47,6 +50,12 @@ PRODUCER_REGISTERS = gl.constexpr(24)  # the producer warp only issues TMA loads
 def _mma_layout(cols, warps):
     """The wgmma accumulator layout of [rows, cols] tiles on ``warps`` warps stacked along the rows."""
     return gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[warps, 1], instr_shape=[16, cols, 16])
+
+
+@gluon.constexpr_function
+def _row_layout(warps):
+    """A [rows, D] layout for pointer loads and shared-memory passes: 8 contiguous elements per thread."""
+    return gl.BlockedLayout([1, 8], [4, 8], [warps, 1], [1, 0])
 
 
 @gluon.jit
@@ -79,9 +88,20 @@ def _block_probabilities(s, m, l, key0, row_lo, row_hi, masked, qk_scale, BLOCK_
 
 
 @gluon.jit
-def _span_consumer(q_smem, k_bufs, v_bufs, k_ready, v_ready, free, row_lo, row_hi, tile_lo, n_blocks, first_inner,
-                   end_inner, qk_scale, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, BLOCK_D: gl.constexpr,
-                   STAGES: gl.constexpr, WARPS: gl.constexpr):
+def _zero_values_past(v_buf, key0, tile_hi, BLOCK_N: gl.constexpr, BLOCK_D: gl.constexpr, WARPS: gl.constexpr):
+    """Zero the rows of the value block of keys key0.. that lie past ``tile_hi``, for the wgmma that reads it next."""
+    layout: gl.constexpr = _row_layout(WARPS)
+    values = v_buf.load(layout)
+    keys = key0 + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, layout))
+    v_buf.store(gl.where(keys[:, None] <= tile_hi, values, gl.zeros_like(values)))
+    fence_async_shared()
+    gl.thread_barrier()
+
+
+@gluon.jit
+def _tile_consumer(q_smem, k_bufs, v_bufs, k_ready, v_ready, free, row_lo, row_hi, tile_lo, tile_hi, n_blocks,
+                   first_inner, end_inner, qk_scale, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
+                   BLOCK_D: gl.constexpr, STAGES: gl.constexpr, WARPS: gl.constexpr):
     """(acc, m, l) of the tile's rows over its n_blocks key blocks: block j's scores are computed while
     block j-1's probabilities meet its values."""
     s_layout: gl.constexpr = _mma_layout(BLOCK_N, WARPS)
@@ -113,7 +133,10 @@ def _span_consumer(q_smem, k_bufs, v_bufs, k_ready, v_ready, free, row_lo, row_h
             mbarrier.arrive(free.index(prev), count=1)
             acc = acc * gl.convert_layout(alpha, o_rows)[:, None]
         last = (n_blocks - 1) % STAGES
+        last_key0 = tile_lo + (n_blocks - 1) * BLOCK_N
         mbarrier.wait(v_ready.index(last), ((n_blocks - 1) // STAGES) & 1)
+        if last_key0 + BLOCK_N - 1 > tile_hi:
+            _zero_values_past(v_bufs.index(last), last_key0, tile_hi, BLOCK_N, BLOCK_D, WARPS)
         p_op = gl.convert_layout(p.to(v_bufs.dtype), p_layout)
         acc = warpgroup_mma(p_op, v_bufs.index(last), acc, is_async=True)
         acc, p_op = warpgroup_mma_wait(0, deps=(acc, p_op))
@@ -121,24 +144,21 @@ def _span_consumer(q_smem, k_bufs, v_bufs, k_ready, v_ready, free, row_lo, row_h
 
 
 @gluon.jit
-def hopper_span_tile_kernel(
-    Q_ptr, k_desc, v_desc, order_ptr, lo_ptr, hi_ptr, Ow_ptr, Lw_ptr, Out_ptr, Lse_ptr,
-    stride_qb, stride_qh, stride_ql, H_KV, L_Q, L_KV, N_TRIPLES, REP, qk_scale,
-    K_SPANS: gl.constexpr, D_HEAD: gl.constexpr, BLOCK_D: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
-    STAGES: gl.constexpr, num_warps: gl.constexpr,
-):
-    tile = gl.program_id(0)
-    group = gl.program_id(1).to(gl.int64)
-    batch = group // H_KV
-    s_rows: gl.constexpr = gl.SliceLayout(1, _mma_layout(BLOCK_N, num_warps))
-    o_layout: gl.constexpr = _mma_layout(BLOCK_D, num_warps)
-    o_rows: gl.constexpr = gl.SliceLayout(1, o_layout)
+def _query_tile(Q_ptr, q_base, q_ok, D_HEAD: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_D: gl.constexpr,
+                WARPS: gl.constexpr):
+    """The tile's query rows (element offsets ``q_base`` [BLOCK_M] in ``_row_layout``'s row slice,
+    zeros where not ``q_ok``) gathered by pointer loads into the shared tile both dots read."""
+    offs_d = gl.arange(0, BLOCK_D, layout=gl.SliceLayout(0, _row_layout(WARPS)))
+    q = gl.load(Q_ptr + q_base[:, None] + offs_d[None, :], mask=q_ok[:, None] & (offs_d[None, :] < D_HEAD), other=0.0)
+    return gl.allocate_shared_memory(q.dtype, [BLOCK_M, BLOCK_D], gl.NVMMASharedLayout.get_default_for([BLOCK_M, BLOCK_D], q.dtype), q)
 
-    offs_m = tile * BLOCK_M + gl.arange(0, BLOCK_M, layout=s_rows)
-    row_ok = offs_m < N_TRIPLES
-    plan = group * N_TRIPLES + offs_m
-    row_lo = gl.load(lo_ptr + plan, mask=row_ok, other=0)
-    row_hi = gl.load(hi_ptr + plan, mask=row_ok, other=-1)
+
+@gluon.jit
+def _attend_tile(q_smem, k_desc, v_desc, group_key_row, row_lo, row_hi, qk_scale, BLOCK_M: gl.constexpr,
+                 BLOCK_N: gl.constexpr, BLOCK_D: gl.constexpr, STAGES: gl.constexpr, WARPS: gl.constexpr):
+    """(acc, m, l) of each row r over keys [row_lo[r], row_hi[r]] of the group whose key 0 is
+    descriptor row ``group_key_row`` (none when hi < lo: then (0, -inf, 0)), in the wgmma
+    accumulator layout's rows, log2 domain, unnormalised."""
     present = row_hi >= row_lo
     tile_hi = gl.max(gl.where(present, row_hi, -1), axis=0)
     tile_lo = gl.minimum(gl.min(gl.where(present, row_lo, 2**30), axis=0), tile_hi + 1)
@@ -147,18 +167,6 @@ def hopper_span_tile_kernel(
     inner_hi = gl.minimum(gl.min(gl.where(present, row_hi, 2**30), axis=0), tile_hi)
     first_inner = gl.minimum(gl.cdiv(gl.maximum(inner_lo - tile_lo, 0), BLOCK_N), n_blocks)
     end_inner = gl.maximum(gl.minimum((inner_hi - tile_lo + 1) // BLOCK_N, n_blocks), first_inner)
-
-    # The tile's query rows, gathered by pointer loads into the shared tile both dots read.
-    q_rows: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [num_warps, 1], [1, 0])
-    offs_q = tile * BLOCK_M + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, q_rows))
-    offs_d = gl.arange(0, BLOCK_D, layout=gl.SliceLayout(0, q_rows))
-    q_ok = offs_q < N_TRIPLES
-    triple = gl.load(order_ptr + group * N_TRIPLES + offs_q, mask=q_ok, other=0)
-    head = (group % H_KV) * REP + triple // (L_Q * K_SPANS)
-    query = (triple // K_SPANS) % L_Q
-    q_base = batch * stride_qb + head * stride_qh + query * stride_ql
-    q = gl.load(Q_ptr + q_base[:, None] + offs_d[None, :], mask=q_ok[:, None] & (offs_d[None, :] < D_HEAD), other=0.0)
-    q_smem = gl.allocate_shared_memory(q.dtype, [BLOCK_M, BLOCK_D], gl.NVMMASharedLayout.get_default_for([BLOCK_M, BLOCK_D], q.dtype), q)
 
     k_bufs = gl.allocate_shared_memory(k_desc.dtype, [STAGES, BLOCK_N, BLOCK_D], k_desc.layout)
     v_bufs = gl.allocate_shared_memory(v_desc.dtype, [STAGES, BLOCK_N, BLOCK_D], v_desc.layout)
@@ -171,18 +179,89 @@ def hopper_span_tile_kernel(
         mbarrier.init(free.index(i), count=1)
     fence_async_shared()
 
-    first_key_row = (group * L_KV + tile_lo).to(gl.int32)
     acc, m, l = gl.warp_specialize([
-        (_span_consumer, (q_smem, k_bufs, v_bufs, k_ready, v_ready, free, row_lo, row_hi, tile_lo, n_blocks, first_inner,
-                          end_inner, qk_scale, BLOCK_M, BLOCK_N, BLOCK_D, STAGES, num_warps)),
-        (_kv_producer, (k_desc, v_desc, k_bufs, v_bufs, k_ready, v_ready, free, first_key_row, n_blocks, BLOCK_N, STAGES)),
+        (_tile_consumer, (q_smem, k_bufs, v_bufs, k_ready, v_ready, free, row_lo, row_hi, tile_lo, tile_hi, n_blocks,
+                          first_inner, end_inner, qk_scale, BLOCK_M, BLOCK_N, BLOCK_D, STAGES, WARPS)),
+        (_kv_producer, (k_desc, v_desc, k_bufs, v_bufs, k_ready, v_ready, free, (group_key_row + tile_lo).to(gl.int32),
+                        n_blocks, BLOCK_N, STAGES)),
     ], [1], [PRODUCER_REGISTERS])
 
-    # Rows that attend no span key come back as (0, -inf, 0), whatever the shared blocks held.
-    present_o = gl.convert_layout(present, o_rows)
-    acc = gl.where(present_o[:, None], acc, 0.0)
-    m = gl.where(present_o, m, float("-inf"))
-    l = gl.where(present_o, l, 0.0)
+    # Rows that attend no key come back as (0, -inf, 0), whatever the shared blocks held.
+    present = gl.convert_layout(present, gl.SliceLayout(1, _mma_layout(BLOCK_D, WARPS)))
+    return gl.where(present[:, None], acc, 0.0), gl.where(present, m, float("-inf")), gl.where(present, l, 0.0)
+
+
+@gluon.jit
+def hopper_window_kernel(
+    Q_ptr, k_desc, v_desc, cache_pos_ptr, Ow_ptr, Lw_ptr, stride_qb, stride_qh, stride_ql, H_Q, L_Q, L_KV, REP, WINDOW,
+    qk_scale, D_HEAD: gl.constexpr, BLOCK_D: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
+    STAGES: gl.constexpr, num_warps: gl.constexpr,
+):
+    """The window part of ``BLOCK_M`` consecutive queries of one head: normalised fp32 output and
+    log2 LSE (``-inf`` where the row attends no key), as ``window_attention_kernel``."""
+    head = gl.program_id(0).to(gl.int64)  # the heads of a KV group run one after another: their key blocks stay in L2
+    tile = gl.program_id(1)
+    batch = gl.program_id(2).to(gl.int64)
+    s_rows: gl.constexpr = gl.SliceLayout(1, _mma_layout(BLOCK_N, num_warps))
+    o_layout: gl.constexpr = _mma_layout(BLOCK_D, num_warps)
+    o_rows: gl.constexpr = gl.SliceLayout(1, o_layout)
+
+    offs_m = tile * BLOCK_M + gl.arange(0, BLOCK_M, layout=s_rows)
+    row_ok = offs_m < L_Q
+    pos = gl.minimum(gl.load(cache_pos_ptr + offs_m, mask=row_ok, other=-1), L_KV - 1)
+    row_lo = gl.maximum(pos - WINDOW + 1, 0)
+    row_hi = gl.where(row_ok, pos, -1)
+
+    offs_q = tile * BLOCK_M + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, _row_layout(num_warps)))
+    q_base = batch * stride_qb + head * stride_qh + offs_q.to(gl.int64) * stride_ql
+    q_smem = _query_tile(Q_ptr, q_base, offs_q < L_Q, D_HEAD, BLOCK_M, BLOCK_D, num_warps)
+    group_key_row = (batch * (H_Q // REP) + head // REP) * L_KV
+    acc, m, l = _attend_tile(q_smem, k_desc, v_desc, group_key_row, row_lo, row_hi, qk_scale,
+                             BLOCK_M, BLOCK_N, BLOCK_D, STAGES, num_warps)
+
+    has_keys = (l > 0.0) | (l != l)  # noqa: PLR0124 - NaN must reach the output, not read as "no key"
+    l_safe = gl.where(has_keys, l, 1.0)
+    rows = tile * BLOCK_M + gl.arange(0, BLOCK_M, layout=o_rows)
+    rows_ok = rows < L_Q
+    out_rows = (batch * H_Q + head) * L_Q + rows
+    cols = gl.arange(0, BLOCK_D, layout=gl.SliceLayout(0, o_layout))
+    out = gl.where(has_keys[:, None], acc / l_safe[:, None], 0.0)
+    gl.store(Ow_ptr + out_rows[:, None] * D_HEAD + cols[None, :], out, mask=rows_ok[:, None] & (cols[None, :] < D_HEAD))
+    gl.store(Lw_ptr + out_rows, gl.where(has_keys, m + gl.log2(l_safe), float("-inf")), mask=rows_ok)
+
+
+@gluon.jit
+def hopper_span_tile_kernel(
+    Q_ptr, k_desc, v_desc, order_ptr, lo_ptr, hi_ptr, Ow_ptr, Lw_ptr, Out_ptr, Lse_ptr,
+    stride_qb, stride_qh, stride_ql, H_KV, L_Q, L_KV, N_TRIPLES, REP, qk_scale,
+    K_SPANS: gl.constexpr, D_HEAD: gl.constexpr, BLOCK_D: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
+    STAGES: gl.constexpr, num_warps: gl.constexpr,
+):
+    """One tile of ``BLOCK_M`` sorted (head, query, slot) triples of a KV group (``span_tile_plan``):
+    each row's span part merged with its window part, written as ``span_tile_kernel`` writes it."""
+    tile = gl.program_id(0)
+    group = gl.program_id(1).to(gl.int64)
+    batch = group // H_KV
+    s_rows: gl.constexpr = gl.SliceLayout(1, _mma_layout(BLOCK_N, num_warps))
+    o_layout: gl.constexpr = _mma_layout(BLOCK_D, num_warps)
+    o_rows: gl.constexpr = gl.SliceLayout(1, o_layout)
+
+    offs_m = tile * BLOCK_M + gl.arange(0, BLOCK_M, layout=s_rows)
+    row_ok = offs_m < N_TRIPLES
+    plan = group * N_TRIPLES + offs_m
+    row_lo = gl.load(lo_ptr + plan, mask=row_ok, other=0)
+    row_hi = gl.load(hi_ptr + plan, mask=row_ok, other=-1)
+
+    offs_q = tile * BLOCK_M + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, _row_layout(num_warps)))
+    q_ok = offs_q < N_TRIPLES
+    triple = gl.load(order_ptr + group * N_TRIPLES + offs_q, mask=q_ok, other=0)
+    head = (group % H_KV) * REP + triple // (L_Q * K_SPANS)
+    query = (triple // K_SPANS) % L_Q
+    q_smem = _query_tile(Q_ptr, batch * stride_qb + head * stride_qh + query * stride_ql, q_ok, D_HEAD, BLOCK_M,
+                         BLOCK_D, num_warps)
+    acc, m, l = _attend_tile(q_smem, k_desc, v_desc, group * L_KV, row_lo, row_hi, qk_scale,
+                             BLOCK_M, BLOCK_N, BLOCK_D, STAGES, num_warps)
+
     rows = tile * BLOCK_M + gl.arange(0, BLOCK_M, layout=o_rows)
     rows_ok = rows < N_TRIPLES
     out_rows = group * N_TRIPLES + gl.load(order_ptr + group * N_TRIPLES + rows, mask=rows_ok, other=0)
@@ -206,6 +285,11 @@ def hopper_span_tile_kernel(
     gl.store(Lse_ptr + out_rows, gl.where(has_keys, m + gl.log2(l_safe), float("inf")), mask=rows_ok)
 
 
+def tma_readable(geo: LaunchGeometry) -> bool:
+    """Whether K and V are one evenly spaced run of 16-byte aligned rows, which TMA reads (``row_descriptors``)."""
+    return row_descriptors(geo.k, geo.v, 64) is not None
+
+
 def hopper_descriptors(k: torch.Tensor, v: torch.Tensor, block_n: int, block_d: int) -> tuple[TensorDescriptor, TensorDescriptor]:
     """Gluon TMA descriptors of K and V [B, Hkv, Lkv, D] as one run of [B * Hkv * Lkv, D] rows in
     [block_n, block_d] blocks (the caller has checked that the rows are one evenly spaced run)."""
@@ -216,30 +300,45 @@ def hopper_descriptors(k: torch.Tensor, v: torch.Tensor, block_n: int, block_d: 
             TensorDescriptor(v, rows, [v.stride(2), 1], [block_n, block_d], layout))
 
 
+def hopper_window(geo: LaunchGeometry, config: Mapping[str, int]) -> tuple[torch.Tensor, torch.Tensor]:
+    """The window part of every (b, h, q) by ``hopper_window_kernel``: (output [B, Hq, Lq, D] fp32,
+    normalised; lse2 [B, Hq, Lq] fp32), as ``window_attention``. ``config``: ``window_block_m``
+    (64 or 128 queries), ``window_block_n`` and ``window_stages``. The caller has checked that K
+    and V allow TMA (``row_descriptors``)."""
+    q, k = geo.q, geo.k
+    batch, hq, lq, dim = q.shape
+    block_m, block_n = config["window_block_m"], config["window_block_n"]
+    out = torch.empty(batch, hq, lq, dim, device=q.device, dtype=torch.float32)
+    lse = torch.empty(batch, hq, lq, device=q.device, dtype=torch.float32)
+    hopper_window_kernel[(hq, triton.cdiv(lq, block_m), batch)](
+        q, *hopper_descriptors(k, geo.v, block_n, block_d(dim)), geo.cache_position, out, lse,
+        q.stride(0), q.stride(1), q.stride(2), hq, lq, k.shape[2], geo.rep, geo.window, LOG2E / math.sqrt(dim),
+        D_HEAD=dim, BLOCK_D=block_d(dim), BLOCK_M=block_m, BLOCK_N=block_n, STAGES=config["window_stages"],
+        num_warps=block_m // 16,
+    )
+    return out, lse
+
+
 def span_forward_hopper(geo: LaunchGeometry, config: Mapping[str, int]) -> tuple[torch.Tensor, torch.Tensor]:
-    """The span forward with ``hopper_span_tile_kernel``'s tiles: (out [B, Hq, Lq, K, D] in Q's dtype,
-    lse2 [B, Hq, Lq, K] fp32), the numbers of ``tile_forward.span_forward_tc`` (whose window kernel
-    and plan it runs first). ``config``: the window tunables and ``span_block_m`` (64 or 128 rows,
+    """The span forward with the Gluon kernels: (out [B, Hq, Lq, K, D] in Q's dtype, lse2 [B, Hq, Lq,
+    K] fp32), the numbers of ``tile_forward.span_forward_tc``. ``config``: ``window_block_m``,
+    ``window_block_n``, ``window_stages`` (``hopper_window``) and ``span_block_m`` (64 or 128 rows,
     a consumer warpgroup per 64), ``span_block_n`` and ``span_stages`` (K/V buffers). The caller
-    has checked the variant's conditions (an sm_90 GPU, no mask, a window at least ``span_block_n``
-    keys wide); K and V that are not one evenly spaced run of 16-byte aligned rows, which TMA cannot
-    read, run ``span_forward_tc``'s kernel on the same tiles."""
-    q, k, v = geo.q, geo.k, geo.v
+    has checked the variant's conditions (an sm_90 GPU, 16-bit inputs, no mask) and that K and V
+    allow TMA (``tma_readable``)."""
+    q, k = geo.q, geo.k
     block_m, block_n, dim = config["span_block_m"], config["span_block_n"], q.shape[3]
-    if row_descriptors(k, v, block_n) is None:
-        return span_forward_tc(geo, {**config, "span_warps": block_m // 16})
     out, lse = forward_outputs(geo, None)
     if out.numel() == 0:
         return out, lse
     side = SideStream(q.device)  # forks here: the plan below runs while the window kernel does
-    window_out, window_lse = window_attention(geo, config, None)
+    window_out, window_lse = hopper_window(geo, config)
     with side:
         plan = span_tile_plan(geo, SPAN_START_BLOCK)
     side.join(plan.order, plan.lo, plan.hi)
-    k_desc, v_desc = hopper_descriptors(k, v, block_n, block_d(dim))
     hopper_span_tile_kernel[(triton.cdiv(plan.triples, block_m), plan.groups)](
-        q, k_desc, v_desc, plan.order, plan.lo, plan.hi, window_out, window_lse, out, lse,
-        q.stride(0), q.stride(1), q.stride(2), k.shape[1], q.shape[2], k.shape[2], plan.triples, geo.rep,
+        q, *hopper_descriptors(k, geo.v, block_n, block_d(dim)), plan.order, plan.lo, plan.hi, window_out, window_lse,
+        out, lse, q.stride(0), q.stride(1), q.stride(2), k.shape[1], q.shape[2], k.shape[2], plan.triples, geo.rep,
         LOG2E / math.sqrt(dim), K_SPANS=geo.qstart.shape[-1], D_HEAD=dim, BLOCK_D=block_d(dim), BLOCK_M=block_m,
         BLOCK_N=block_n, STAGES=config["span_stages"], num_warps=block_m // 16,
     )

@@ -150,48 +150,44 @@ TC_FORWARD = Variant(
 
 # --- span_forward/hopper_tiles ------------------------------------------------------------------
 
-HOPPER_KEY_BLOCKS = (64, 128)
-HOPPER_SPACE = TC_SPACE[:4] + (  # the window kernel's tiles, then the Hopper span tiles' (one consumer warpgroup per 64 rows)
-    Param("span_block_m", (64, 128)),
-    Param("span_block_n", HOPPER_KEY_BLOCKS),
-    Param("span_stages", (2, 3, 4)),
+HOPPER_SPACE = tuple(  # both Gluon kernels' tiles: query rows (a consumer warpgroup per 64), keys per block, K/V buffers
+    Param(f"{part}_{name}", values)
+    for part in ("window", "span")
+    for name, values in (("block_m", (64, 128)), ("block_n", (64, 128)), ("stages", (2, 3, 4)))
 )
 HOPPER_DEFAULTS: dict[str, int] = {  # sm_90, bf16, D = 128
-    **{name: value for name, value in TC_FORWARD_DEFAULTS.items() if name.startswith("window_")},
+    "window_block_m": 128, "window_block_n": 64, "window_stages": 3,
     "span_block_m": 128, "span_block_n": 64, "span_stages": 3,
 }
 HOPPER_SHARED_SLACK = 1024  # bytes beside the tiles: the mbarriers (sm_90 compiles: 164 to 204)
 
 
 def hopper_check(problem: Problem, config: KernelConfig) -> str | None:
-    """Why a hopper_tiles configuration cannot run: key blocks wider than the window (a tile's edge
-    blocks could load keys past its queries), or (GPU only) the window kernel's tile rules, or the
-    span program's query tile and K/V buffers past the shared memory."""
-    m, n, stages = config["span_block_m"], config["span_block_n"], config["span_stages"]
-    if n > problem.window:
-        return f"span_block_n {n} > the window ({problem.window} keys): a tile's edge blocks could load keys past its queries"
-    reason = tile_check({"window": FORWARD_TILES["window"]}, problem, config)
-    if reason is not None or not problem.device.is_gpu:
-        return reason
-    shared = (m + 2 * stages * n) * next_power_of_two(problem.head_dim) * element_bytes(problem) + HOPPER_SHARED_SLACK
-    return shared_reason(shared, f"{m} query rows and {stages} stages of {n}-key K/V blocks", problem)
+    """Why a hopper_tiles configuration cannot run (GPU only): a kernel's query tile and K/V
+    buffers past the shared memory."""
+    if not problem.device.is_gpu:
+        return None
+    for part in ("window", "span"):
+        m, n, stages = config[f"{part}_block_m"], config[f"{part}_block_n"], config[f"{part}_stages"]
+        shared = (m + 2 * stages * n) * next_power_of_two(problem.head_dim) * element_bytes(problem) + HOPPER_SHARED_SLACK
+        reason = shared_reason(shared, f"the {part} kernel's {m} query rows and {stages} stages of {n}-key K/V blocks", problem)
+        if reason is not None:
+            return reason
+    return None
 
 
 def hopper_default(problem: Problem) -> KernelConfig:
-    """Heuristic hopper_tiles configuration: ``HOPPER_DEFAULTS`` (key blocks no wider than the
-    window), fewer stages until it fits."""
+    """Heuristic hopper_tiles configuration: ``HOPPER_DEFAULTS``, fewer stages until it fits."""
     config = KernelConfig(HOPPER_DEFAULTS)
-    if config["span_block_n"] > problem.window:
-        config = config.replace(span_block_n=min(HOPPER_KEY_BLOCKS))
-    while hopper_check(problem, config) is not None and config["span_stages"] > 2:
-        config = config.replace(span_stages=config["span_stages"] - 1)
+    for part in ("window", "span"):
+        while hopper_check(problem, config) is not None and config[f"{part}_stages"] > 2:
+            config = config.replace(**{f"{part}_stages": config[f"{part}_stages"] - 1})
     return config
 
 
 def hopper_reasons(problem: Problem) -> list[str]:
-    """Why the Hopper span tiles cannot serve ``problem``: they need an sm_90 GPU, 16-bit inputs, a
-    head dim of 64 or 128, no attention mask and a window at least as wide as a key block (so that
-    a tile's edge blocks load only the group's keys before its last query, or zeros)."""
+    """Why the Gluon kernels cannot serve ``problem``: they need an sm_90 GPU, 16-bit inputs, a head
+    dim of 64 or 128 and no attention mask (every key of a tile's range reaches its dots)."""
     reasons = []
     if problem.device.arch != "sm_90":
         reasons.append(f"needs an sm_90 GPU (Gluon warp specialisation and wgmma; Triton's interpreter does not run "
@@ -202,25 +198,24 @@ def hopper_reasons(problem: Problem) -> list[str]:
         reasons.append(f"head dim {problem.head_dim}: the TMA blocks take 64 or 128")
     if problem.masked:
         reasons.append("an attention mask: tc_tiles serves masked problems")
-    narrowest = min(HOPPER_KEY_BLOCKS)
-    if problem.window < narrowest:
-        reasons.append(f"window of {problem.window} keys < {narrowest} (a tile's edge blocks could load keys past its queries)")
     return reasons or misfit(problem, hopper_default, hopper_check)
 
 
 def hopper_forward(geo: LaunchGeometry, config: KernelConfig) -> tuple[torch.Tensor, torch.Tensor]:
-    """The tensor-core forward with FlashAttention-3-style span tiles: window once per query, spans by
-    a TMA producer warp and consumer warpgroups on wgmma, LSE merge."""
-    from .hopper_tile_forward import span_forward_hopper
+    """The forward in Gluon, FlashAttention-3 style: window once per query and spans in tiles, each
+    by a TMA producer warp and consumer warpgroups on wgmma, LSE merge; K and V that TMA cannot read
+    (rows not one evenly spaced, 16-byte aligned run) take tc_tiles with its sm_90 defaults."""
+    from .hopper_tile_forward import span_forward_hopper, tma_readable
+    from .tile_forward import span_forward_tc
 
-    return span_forward_hopper(geo, config)
+    return span_forward_hopper(geo, config) if tma_readable(geo) else span_forward_tc(geo, TC_FORWARD_DEFAULTS)
 
 
 HOPPER_FORWARD = Variant(
     op=SPAN_FORWARD, name="hopper_tiles", launch=hopper_forward, space=HOPPER_SPACE, reasons=hopper_reasons,
     compile_check=hopper_check, default=hopper_default, priority=2,  # the tuner chooses it where it wins
-    description="tc_tiles' window and plan; span tiles in Gluon for sm_90: a TMA producer warp feeding K/V buffers, "
-    "consumer warpgroups on wgmma computing a block's scores while the last block's values are summed",
+    description="tc_tiles' plan with the window and span tiles in Gluon for sm_90: a TMA producer warp feeding K/V "
+    "buffers, consumer warpgroups on wgmma computing a block's scores while the last block's values are summed",
 )
 
 # --- span_forward/per_query_span (baseline) -----------------------------------------------------

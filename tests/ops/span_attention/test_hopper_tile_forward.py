@@ -1,5 +1,5 @@
-"""The Hopper span tiles (Gluon, sm_90 only): against the float64 span forward on an sm_90 GPU, and
-the reasons they are refused everywhere else."""
+"""The Gluon window and span tiles (sm_90 only): against the float64 span forward on an sm_90 GPU,
+and the reasons they are refused everywhere else."""
 
 from __future__ import annotations
 
@@ -34,7 +34,6 @@ def problem(**change) -> Problem:
     ({"dtype": "float32"}, "take bfloat16 or float16"),
     ({"head_dim": 96}, "head dim 96"),
     ({"masked": True}, "an attention mask"),
-    ({"sw_index": 3}, "window of"),
 ])
 def test_refused_with_a_reason(change: dict, reason: str):
     reasons = HOPPER_FORWARD.reasons(problem(**change))
@@ -46,37 +45,43 @@ def test_serves_model_m_on_sm_90():
     assert hopper_check(problem(), HOPPER_FORWARD.default(problem())) is None
 
 
-def test_key_blocks_no_wider_than_the_window():
-    """W 120 (sw_index 13): 64-key blocks only, and the default takes them."""
-    narrow = problem(sw_index=13)
-    assert HOPPER_FORWARD.reasons(narrow) == []
-    config = KernelConfig({**HOPPER_DEFAULTS, "span_block_n": 128})
-    assert "> the window" in hopper_check(narrow, config)
-    assert hopper_check(narrow, config.replace(span_block_n=64)) is None
-    assert HOPPER_FORWARD.default(narrow)["span_block_n"] == 64
+def test_serves_windows_narrower_than_a_key_block():
+    """W 11 (sw_index 3): every tile's last block runs past its range, whose values are zeroed."""
+    assert HOPPER_FORWARD.reasons(problem(sw_index=3)) == []
 
 
-def test_shared_memory_check_refuses_what_does_not_fit():
+@pytest.mark.parametrize("part", ["window", "span"])
+def test_shared_memory_check_refuses_what_does_not_fit(part: str):
     """128 rows and four stages of 128-key K/V blocks need 288 KB; three stages fit (compiled: 229,580 bytes)."""
-    config = KernelConfig({**HOPPER_DEFAULTS, "span_block_m": 128, "span_block_n": 128, "span_stages": 4})
-    assert "shared memory" in hopper_check(problem(), config)
-    assert hopper_check(problem(), config.replace(span_stages=3)) is None
+    config = KernelConfig({**HOPPER_DEFAULTS, f"{part}_block_m": 128, f"{part}_block_n": 128, f"{part}_stages": 4})
+    assert f"the {part} kernel's" in hopper_check(problem(), config)
+    assert hopper_check(problem(), config.replace(**{f"{part}_stages": 3})) is None
+    assert hopper_check(problem(device=DeviceIdentity("cpu", "interpreter", 0)), config) is None
+
+
+def test_default_fits_every_head_dim_it_serves():
+    for head_dim in (64, 128):
+        narrow = problem(head_dim=head_dim)
+        assert hopper_check(narrow, HOPPER_FORWARD.default(narrow)) is None
 
 
 # --- on an sm_90 GPU: against the float64 reference --------------------------------------------
 
-CONFIGS = [
-    {**HOPPER_DEFAULTS, "span_block_m": m, "span_block_n": n, "span_stages": s}
-    for m, n, s in itertools.product((64, 128), (64, 128), (2, 3, 4))
-    if hopper_check(problem(), KernelConfig({**HOPPER_DEFAULTS, "span_block_m": m, "span_block_n": n, "span_stages": s})) is None
-]
+def both_kernels(m: int, n: int, stages: int) -> dict:
+    """The window and span kernels on the same tiles."""
+    return {f"{part}_{name}": value for part in ("window", "span")
+            for name, value in (("block_m", m), ("block_n", n), ("stages", stages))}
+
+
+CONFIGS = [both_kernels(*tiles) for tiles in itertools.product((64, 128), (64, 128), (2, 3, 4))
+           if hopper_check(problem(), KernelConfig(both_kernels(*tiles))) is None]
 
 
 def gpu_inputs(gen: torch.Generator, batch: int, hq: int, hkv: int, lq: int, lkv: int, dim: int, max_span: int,
-               consecutive: bool, filled: int | None = None, dtype: torch.dtype = torch.bfloat16):
-    """Inputs with W = 252 spans ending before each window; keys from ``filled`` on are an unwritten
-    static-cache tail of NaN (positions end before it)."""
-    window = geometry.window_len_from_sw_index(SW_INDEX, search_power=0.55, inv_search_power_int=None)
+               consecutive: bool, filled: int | None = None, dtype: torch.dtype = torch.bfloat16, sw_index: int = SW_INDEX):
+    """Inputs with spans ending before each window (W = 252 by default); keys from ``filled`` on are
+    an unwritten static-cache tail of NaN (positions end before it)."""
+    window = geometry.window_len_from_sw_index(sw_index, search_power=0.55, inv_search_power_int=None)
     filled = filled or lkv
     q = torch.randn(batch, hq, lq, dim, generator=gen).to(dtype)
     k = torch.randn(batch, hkv, lkv, dim, generator=gen).to(dtype)
@@ -131,3 +136,23 @@ def test_float16():
     """fp16 inputs (the probabilities meet V in fp16), B 1, rep 16, the default tiles."""
     gen = torch.Generator().manual_seed(2)
     check_hopper(*gpu_inputs(gen, 1, 32, 2, 256, 4000, 128, 600, True, dtype=torch.float16), dict(HOPPER_DEFAULTS))
+
+
+@needs_hopper
+@pytest.mark.parametrize("config", [c for c in CONFIGS if c["span_block_n"] == 128][:2],
+                         ids=lambda c: f"m{c['span_block_m']}-n{c['span_block_n']}-s{c['span_stages']}")
+def test_narrow_window_before_a_nan_tail(config: dict):
+    """W 11, narrower than a key block, and queries up to the last written key before a NaN tail: the
+    last block of nearly every window and span tile loads keys past its range (later queries' keys,
+    unwritten NaN ones, the next group's), which must reach no output."""
+    gen = torch.Generator().manual_seed(3)
+    check_hopper(*gpu_inputs(gen, 2, 8, 2, 200, 1024, 128, 30, True, filled=1000, sw_index=3), config)
+
+
+@needs_hopper
+def test_window_part_alone():
+    """Every slot unused: each row is its query's window part, from the window kernel alone (spans
+    of nothing merge nothing); B 1, rep 16, queries from key 0 (rows at t <= W)."""
+    gen = torch.Generator().manual_seed(4)
+    (q, k, v, qstart, qend, positions), window = gpu_inputs(gen, 1, 32, 2, 700, 700, 128, 1, True)
+    check_hopper((q, k, v, torch.full_like(qstart, -1), torch.full_like(qend, -1), positions), window, dict(HOPPER_DEFAULTS))
