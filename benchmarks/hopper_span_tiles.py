@@ -48,6 +48,24 @@ def timed(fn, long: bool) -> float:
     return triton.testing.do_bench(fn, warmup=10, rep=400 if long else 100)
 
 
+def sweep(row: dict, label: str, part: str, base: dict, measure) -> str | None:
+    """``measure(config)`` for ``part``'s tiles of ``TILES`` on ``base``, each entry into ``row`` as
+    '``label`` mM nN sS' (a failure recorded as its error); the fastest entry's name."""
+    best = None
+    for m, n, stages in TILES:
+        config = {**base, **tiles(part, m, n, stages)}
+        name = f"{label} m{m} n{n} s{stages}"
+        try:
+            entry = {"config": config, **measure(config)}
+        except Exception as err:  # noqa: BLE001 - a configuration that fails is recorded, the sweep goes on
+            entry = {"config": config, "error": repr(err)[:500]}
+        row[name] = entry
+        print(row["case"], name, {key: entry[key] for key in ("ms", "max_vs_tc_tiles", "error") if key in entry}, flush=True)
+        if "ms" in entry and (best is None or entry["ms"] < row[best]["ms"]):
+            best = name
+    return best
+
+
 def run_case(lq: int, lkv: int, gen: torch.Generator, dev: torch.device) -> dict:
     """One chunk of ``lq`` queries at the end of ``lkv`` keys: tc_tiles, then the hopper_tiles sweep."""
     from superlinear_ops.ops.span_attention.hopper_tile_forward import hopper_window, span_forward_hopper
@@ -77,38 +95,20 @@ def run_case(lq: int, lkv: int, gen: torch.Generator, dev: torch.device) -> dict
     triton_out, triton_lse = window_attention(geo, tc_config)
     row["window tc_tiles"] = {"ms": timed(lambda: window_attention(geo, tc_config), long)}
     print(row["case"], "window tc_tiles", row["window tc_tiles"], flush=True)
-    window_best = None
-    for m, n, stages in TILES:
-        config = {**HOPPER_DEFAULTS, **tiles("window", m, n, stages)}
-        name = f"window gluon m{m} n{n} s{stages}"
-        try:
-            out, lse = hopper_window(geo, config)
-            entry = {"config": config, "max_vs_tc_tiles": relative_difference(out, triton_out),
-                     "lse_max_vs_tc_tiles": relative_difference(lse, triton_lse),
-                     "ms": timed(lambda: hopper_window(geo, config), long)}
-        except Exception as err:  # noqa: BLE001 - a configuration that fails is recorded, the sweep goes on
-            entry = {"config": config, "error": repr(err)[:500]}
-        row[name] = entry
-        print(row["case"], name, {key: entry[key] for key in ("ms", "max_vs_tc_tiles", "error") if key in entry}, flush=True)
-        if "ms" in entry and (window_best is None or entry["ms"] < row[window_best]["ms"]):
-            window_best = name
-    window_tiles = row[window_best]["config"] if window_best else HOPPER_DEFAULTS
-    best = None
-    for m, n, stages in TILES:
-        config = {**HOPPER_DEFAULTS, **{k: v for k, v in window_tiles.items() if k.startswith("window_")},
-                  **tiles("span", m, n, stages)}
-        name = f"hopper_tiles span m{m} n{n} s{stages}"
-        try:
-            out, lse = span_forward_hopper(geo, config)
-            entry = {"config": config, "vs_float64": errors(out[:, :, sel], lse[:, :, sel], *f64),
-                     "max_vs_tc_tiles": relative_difference(out, tc_out),
-                     "ms": timed(lambda: span_forward_hopper(geo, config), long)}
-        except Exception as err:  # noqa: BLE001 - a configuration that fails is recorded, the sweep goes on
-            entry = {"config": config, "error": repr(err)[:500]}
-        row[name] = entry
-        print(row["case"], name, {key: entry[key] for key in ("ms", "max_vs_tc_tiles", "error") if key in entry}, flush=True)
-        if "ms" in entry and (best is None or entry["ms"] < row[best]["ms"]):
-            best = name
+
+    def window_entry(config: dict) -> dict:
+        out, lse = hopper_window(geo, config)
+        return {"max_vs_tc_tiles": relative_difference(out, triton_out), "lse_max_vs_tc_tiles": relative_difference(lse, triton_lse),
+                "ms": timed(lambda: hopper_window(geo, config), long)}
+
+    def forward_entry(config: dict) -> dict:
+        out, lse = span_forward_hopper(geo, config)
+        return {"vs_float64": errors(out[:, :, sel], lse[:, :, sel], *f64), "max_vs_tc_tiles": relative_difference(out, tc_out),
+                "ms": timed(lambda: span_forward_hopper(geo, config), long)}
+
+    window_best = sweep(row, "window gluon", "window", HOPPER_DEFAULTS, window_entry)
+    window_tiles = {k: v for k, v in row[window_best]["config"].items() if k.startswith("window_")} if window_best else {}
+    best = sweep(row, "hopper_tiles span", "span", {**HOPPER_DEFAULTS, **window_tiles}, forward_entry)
     if best is not None:
         row["fastest_hopper_tiles"] = best
         row[best]["kernels"] = profile(lambda: span_forward_hopper(geo, row[best]["config"]))
