@@ -32,11 +32,11 @@ from superlinear_ops.problem import SPAN_FORWARD, Problem, device_identity
 
 WINDOW = 2032  # model M: sw_index 65, search power 0.55
 CASES = [(8192, 16384), (32768, 1048576), (32768, 10_000_000), (8192, 139264)]  # (queries, keys), chunk at the end
-TILES = [(128, 64, 3), (128, 64, 2), (128, 128, 2), (64, 128, 3)]  # (block_m, block_n, stages) of either Gluon kernel
+TILES = [(128, 3, 2), (128, 3, 1), (128, 2, 2), (64, 3, 2), (64, 3, 1), (64, 4, 2)]  # (block_n, stages, mma_turns)
 
 
-def tiles(part: str, m: int, n: int, stages: int) -> dict:
-    return {f"{part}_block_m": m, f"{part}_block_n": n, f"{part}_stages": stages}
+def tiles(part: str, n: int, stages: int, turns: int) -> dict:
+    return {f"{part}_block_n": n, f"{part}_stages": stages, f"{part}_mma_turns": turns}
 
 
 def relative_difference(a: torch.Tensor, b: torch.Tensor) -> float:
@@ -50,11 +50,11 @@ def timed(fn, long: bool) -> float:
 
 def sweep(row: dict, label: str, part: str, base: dict, measure) -> str | None:
     """``measure(config)`` for ``part``'s tiles of ``TILES`` on ``base``, each entry into ``row`` as
-    '``label`` mM nN sS' (a failure recorded as its error); the fastest entry's name."""
+    '``label`` nN sS tT' (a failure recorded as its error); the fastest entry's name."""
     best = None
-    for m, n, stages in TILES:
-        config = {**base, **tiles(part, m, n, stages)}
-        name = f"{label} m{m} n{n} s{stages}"
+    for n, stages, turns in TILES:
+        config = {**base, **tiles(part, n, stages, turns)}
+        name = f"{label} n{n} s{stages} t{turns}"
         try:
             entry = {"config": config, **measure(config)}
         except Exception as err:  # noqa: BLE001 - a configuration that fails is recorded, the sweep goes on

@@ -150,27 +150,27 @@ TC_FORWARD = Variant(
 
 # --- span_forward/hopper_tiles ------------------------------------------------------------------
 
-HOPPER_SPACE = tuple(  # both Gluon kernels' tiles: query rows (a consumer warpgroup per 64), keys per block, K/V buffers
-    Param(f"{part}_{name}", values)
-    for part in ("window", "span")
-    for name, values in (("block_m", (64, 128)), ("block_n", (64, 128)), ("stages", (2, 3, 4)))
+HOPPER_SPACE = tuple(  # each Gluon kernel's key block, K/V buffers, and turns of its two consumers' matrix work
+    Param(f"{part}_{name}", values) for part in ("window", "span")
+    for name, values in (("block_n", (64, 128)), ("stages", (2, 3, 4)), ("mma_turns", (1, 2)))
 )
-HOPPER_DEFAULTS: dict[str, int] = {  # sm_90, bf16, D = 128
-    "window_block_m": 128, "window_block_n": 64, "window_stages": 3,
-    "span_block_m": 128, "span_block_n": 64, "span_stages": 3,
+HOPPER_DEFAULTS: dict[str, int] = {  # sm_90, bf16, D = 128: the fastest at 1M keys (H100)
+    f"{part}_{name}": value for part in ("window", "span") for name, value in (("block_n", 128), ("stages", 3), ("mma_turns", 2))
 }
-HOPPER_SHARED_SLACK = 1024  # bytes beside the tiles: the mbarriers (sm_90 compiles: 164 to 204)
+HOPPER_SHARED_SLACK = 1024  # bytes beside the tiles: the mbarriers (sm_90 compiles: 208 to 416)
 
 
 def hopper_check(problem: Problem, config: KernelConfig) -> str | None:
-    """Why a hopper_tiles configuration cannot run (GPU only): a kernel's query tile and K/V
+    """Why a hopper_tiles configuration cannot run (GPU only): a kernel's 128 query rows and K/V
     buffers past the shared memory."""
     if not problem.device.is_gpu:
         return None
+    from .hopper_tile_forward import TILE_ROWS
+
     for part in ("window", "span"):
-        m, n, stages = config[f"{part}_block_m"], config[f"{part}_block_n"], config[f"{part}_stages"]
-        shared = (m + 2 * stages * n) * next_power_of_two(problem.head_dim) * element_bytes(problem) + HOPPER_SHARED_SLACK
-        reason = shared_reason(shared, f"the {part} kernel's {m} query rows and {stages} stages of {n}-key K/V blocks", problem)
+        n, stages = config[f"{part}_block_n"], config[f"{part}_stages"]
+        shared = (TILE_ROWS + 2 * stages * n) * next_power_of_two(problem.head_dim) * element_bytes(problem) + HOPPER_SHARED_SLACK
+        reason = shared_reason(shared, f"the {part} kernel's {TILE_ROWS} query rows and {stages} stages of {n}-key K/V blocks", problem)
         if reason is not None:
             return reason
     return None
