@@ -9,7 +9,8 @@ difference from the Triton kernel's); then the whole ``hopper_tiles`` forward wi
 window tiles and each span tiles of a small sweep: the median time (``do_bench``), the error on 16
 query rows spread over the chunk against the float64 reference and the largest difference from
 ``tc_tiles`` on every row; then the kernels of ``tc_tiles`` and of the fastest ``hopper_tiles`` one
-by one (PyTorch profiler). The JSON (``--out``) is rewritten after every case.
+by one (PyTorch profiler), and the lower bound (``span_forward_tiles.lower_bound``) with the
+TFLOP/s of its FLOPs in each time. The JSON (``--out``) is rewritten after every case.
 
     PYTHONPATH=. python benchmarks/hopper_span_tiles.py --out hopper_span_tiles.json [--cases 3]
 """
@@ -24,7 +25,7 @@ from pathlib import Path
 
 import torch
 import triton
-from span_forward_tiles import errors, profile, reference_rows, spans  # this folder's helpers
+from span_forward_tiles import errors, lower_bound, profile, reference_rows, spans  # this folder's helpers
 
 from superlinear_ops import dispatch
 from superlinear_ops.launch import LaunchGeometry
@@ -84,6 +85,7 @@ def run_case(lq: int, lkv: int, gen: torch.Generator, dev: torch.device) -> dict
     choice = dispatch.select(problem)
     tc_config = dict(choice.config) if choice.variant.name == "tc_tiles" else dict(TC_FORWARD_DEFAULTS)
     row["dispatcher"] = f"{choice.variant.name} {choice.config.text()} ({choice.source})"
+    row["bound"] = lower_bound(geo)
     long = lq >= 32768
     tc_out, tc_lse = span_forward_tc(geo, tc_config)
     sel = torch.linspace(0, lq - 1, 16, device=dev).long()
@@ -113,6 +115,7 @@ def run_case(lq: int, lkv: int, gen: torch.Generator, dev: torch.device) -> dict
         row["fastest_hopper_tiles"] = best
         row[best]["kernels"] = profile(lambda: span_forward_hopper(geo, row[best]["config"]))
         row["tc_over_hopper"] = row["tc_tiles"]["ms"] / row[best]["ms"]
+        row["tflops"] = {name: row["bound"]["flops"] / row[name]["ms"] / 1e9 for name in ("tc_tiles", best)}
     return row
 
 
