@@ -20,8 +20,9 @@ then three partitions run side by side:
 Keys the last block loads past the range (up to ``BLOCK_N`` - 1 of them: later keys of the group,
 which an unwritten static cache holds as NaN, or the next group's) get zero weight, and their
 values are zeroed in shared memory before they meet the weights, so no key outside the range ever
-reaches an output. Keys inside the range are attended by some row of the tile and are expected to
-be finite: a NaN value there reaches the tile's other rows too, as 0 * NaN in the shared dot.
+reaches an output. Keys inside the range (the hull of the rows' ranges, gaps between them included)
+are written keys of the cache, expected to be finite: a NaN value there reaches every row of the
+tile, as 0 * NaN in the shared dot.
 Unmasked problems only (an attention mask would hide keys inside the range). Gluon's warp
 specialisation and wgmma need an sm_90 GPU: Triton's interpreter does not run these kernels, so
 they are tested on the GPU against the float64 oracle and refused with a reason elsewhere.
@@ -91,7 +92,9 @@ def _allocate_ring(q_dtype, k_desc, v_desc, BLOCK_D: gl.constexpr, STAGES: gl.co
     """Shared memory of a tile: the two consumers' query halves, ``STAGES`` K and V buffers, and
     the barriers: a buffer's K and V loaded (one each), freed (both consumers), each consumer's
     turn to issue its matrix work (``turn``; the first consumer's first turn already given), the
-    last value block's rows past the range zeroed (``zeroed``)."""
+    last value block's rows past the range zeroed (``zeroed``). A consumer frees a buffer only after
+    waiting for the next block's keys, so one buffer would deadlock: ``STAGES`` >= 2."""
+    gl.static_assert(STAGES >= 2, "the K/V ring needs two buffers or more")
     q_halves = gl.allocate_shared_memory(q_dtype, [2, HALF_ROWS, BLOCK_D],
                                          gl.NVMMASharedLayout.get_default_for([HALF_ROWS, BLOCK_D], q_dtype))
     k_bufs = gl.allocate_shared_memory(k_desc.dtype, [STAGES, k_desc.block_type.shape[0], BLOCK_D], k_desc.layout)
