@@ -13,6 +13,7 @@ by one (PyTorch profiler), and the lower bound (``span_forward_tiles.lower_bound
 TFLOP/s of its FLOPs in each time. The JSON (``--out``) is rewritten after every case.
 
     PYTHONPATH=. python benchmarks/hopper_span_tiles.py --out hopper_span_tiles.json [--cases 3]
+    PYTHONPATH=. python benchmarks/hopper_span_tiles.py --cases 2 --cpu-bounds 0 1 --out bounds.json  # CPU
 """
 
 from __future__ import annotations
@@ -119,11 +120,31 @@ def run_case(lq: int, lkv: int, gen: torch.Generator, dev: torch.device) -> dict
     return row
 
 
+def cpu_bounds(cases: list[tuple[int, int]], seeds: list[int]) -> list[dict]:
+    """Each case's lower bound on spans drawn alike on the CPU, per seed (the anchors are random, so
+    the spans clamped at the window's edge and at key 0 differ from draw to draw)."""
+    rows = []
+    for lq, lkv in cases:
+        positions = torch.arange(lkv - lq, lkv)
+        q, k = torch.empty(1, 32, lq, 128, dtype=torch.bfloat16), torch.empty(1, 2, lkv, 128, dtype=torch.bfloat16)
+        for seed in seeds:
+            qstart, qend = spans(torch.Generator().manual_seed(seed), lq, positions, lkv, WINDOW)
+            geo = LaunchGeometry.prepare(q, k, k, qstart, qend, positions, None, WINDOW)
+            rows.append({"case": f"{lq} over {lkv}", "seed": seed, "bound": lower_bound(geo)})
+            print(rows[-1], flush=True)
+    return rows
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", type=Path, default=Path("hopper_span_tiles.json"))
     parser.add_argument("--cases", type=int, default=len(CASES), help="the first N cases (default: all)")
+    parser.add_argument("--cpu-bounds", type=int, nargs="+", metavar="SEED",
+                        help="only the cases' lower bounds, on spans drawn on the CPU with each seed (no GPU needed)")
     args = parser.parse_args()
+    if args.cpu_bounds:
+        args.out.write_text(json.dumps(cpu_bounds(CASES[: args.cases], args.cpu_bounds), indent=1))
+        return 0
     if not torch.cuda.is_available() or torch.cuda.get_device_capability() != (9, 0):
         print("hopper_span_tiles.py needs an sm_90 GPU (H100 or H200)", file=sys.stderr)
         return 1
