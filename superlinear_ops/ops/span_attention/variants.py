@@ -157,7 +157,7 @@ HOPPER_SPACE = tuple(  # each Gluon kernel's key block, K/V buffers, and turns o
 HOPPER_DEFAULTS: dict[str, int] = {  # sm_90, bf16, D = 128: the fastest at 1M keys (H100)
     f"{part}_{name}": value for part in ("window", "span") for name, value in (("block_n", 128), ("stages", 3), ("mma_turns", 2))
 }
-HOPPER_SHARED_SLACK = 1024  # bytes beside the tiles: the mbarriers (sm_90 compiles: 208 to 416)
+HOPPER_SHARED_SLACK = 1024  # bytes beside the tiles: mbarriers, partition state (sm_90 compiles: 304 to 416)
 
 
 def hopper_check(problem: Problem, config: KernelConfig) -> str | None:
