@@ -215,7 +215,8 @@ HOPPER_FORWARD = Variant(
     op=SPAN_FORWARD, name="hopper_tiles", launch=hopper_forward, space=HOPPER_SPACE, reasons=hopper_reasons,
     compile_check=hopper_check, default=hopper_default, priority=2,  # the tuner chooses it where it wins
     description="tc_tiles' plan with the window and span tiles in Gluon for sm_90: a TMA producer warp feeding K/V "
-    "buffers, consumer warpgroups on wgmma computing a block's scores while the last block's values are summed",
+    "buffers to two consumer warpgroups on wgmma, each computing a block's scores while the last block's values are "
+    "summed, their matrix work in turns or not",
 )
 
 # --- span_forward/per_query_span (baseline) -----------------------------------------------------
