@@ -26,13 +26,12 @@ from pathlib import Path
 
 import torch
 import triton
-from span_forward_tiles import errors, lower_bound, profile, reference_rows, spans  # this folder's helpers
+from span_forward_tiles import WINDOW, errors, lower_bound, profile, reference_rows, spans  # this folder's helpers
 
 from superlinear_ops import dispatch
 from superlinear_ops.launch import LaunchGeometry
 from superlinear_ops.problem import SPAN_FORWARD, Problem, device_identity
 
-WINDOW = 2032  # model M: sw_index 65, search power 0.55
 CASES = [(8192, 16384), (32768, 1048576), (32768, 10_000_000), (8192, 139264)]  # (queries, keys), chunk at the end
 TILES = [(128, 3, 2), (128, 3, 1), (128, 2, 2), (64, 3, 2), (64, 3, 1), (64, 4, 2)]  # (block_n, stages, mma_turns)
 

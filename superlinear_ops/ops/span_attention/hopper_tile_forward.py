@@ -412,9 +412,8 @@ def span_forward_hopper(geo: LaunchGeometry, config: Mapping[str, int]) -> tuple
     K] fp32), the numbers of ``tile_forward.span_forward_tc``. ``config``: the window kernel's
     (``hopper_window``) and ``span_block_n``, ``span_stages`` and ``span_mma_turns`` (keys per K/V
     buffer, buffers, and 2 where the two consumers issue their matrix work in turns, 1 where each
-    issues as it is ready). The caller
-    has checked the variant's conditions (an sm_90 GPU, 16-bit inputs, no mask) and that K and V
-    allow TMA (``tma_readable``)."""
+    issues as it is ready). The caller has checked the variant's conditions (an sm_90 GPU, 16-bit
+    inputs, no mask) and that K and V allow TMA (``tma_readable``)."""
     q, k = geo.q, geo.k
     block_n, dim = config["span_block_n"], q.shape[3]
     out, lse = forward_outputs(geo, None)
