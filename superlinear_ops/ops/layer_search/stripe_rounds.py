@@ -69,10 +69,10 @@ def stripe_round_search(
     q1_all, k_all, mask = tables.q1, tables.k, tables.mask
     for group in range(groups):
         heads = slice(group * rep, (group + 1) * rep)
+        k_group = k_all[:, group:group + 1]
         for start in range(0, lq, per_round):
             count = min(per_round, lq - start)
             q1_round = q1_all[:, heads, start:start + count]
-            k_group = k_all[:, group:group + 1]
             anchors, scores = (t[:batch * rep * count * settings.topk].view(batch, rep, count, settings.topk) for t in staged)
             stripe_tile_search_kernel[(triton.cdiv(count, config.block_q), head_blocks, batch)](
                 q1_round, k_group, tables.positions[start:start + count], tables.count[start:start + count],
