@@ -1,10 +1,12 @@
 """The stripe-tile search in rounds (``attention_layer/stripe_rounds``) against the float64 oracle's
 anchor sets and, bit for bit, against the one-launch ``stripe_tiles``: every layer case (masks, B 2,
-static caches, scattered positions, short prefixes, bf16 ties) at round sizes that split each KV
-group's queries into one, two and many rounds, with poisoned outputs; one launch per (group, round);
-and the round size on a GPU."""
+static caches, scattered positions, short prefixes, bf16 ties) and two at 16 heads a KV group, at
+round sizes that give 1 to 10 rounds a KV group, with poisoned outputs; one launch per (group,
+round); and the round size on a GPU."""
 
 from __future__ import annotations
+
+import dataclasses
 
 import oracle
 import pytest
@@ -20,6 +22,10 @@ from superlinear_ops.registry import REGISTRY
 
 ROUNDS = REGISTRY.get("attention_layer", "stripe_rounds")
 ONE_LAUNCH = REGISTRY.get("attention_layer", "stripe_tiles")
+# The layer cases, and two of them at model M's 16 heads a KV group over 2 groups: one query a program, so
+# rounds of a few queries (many rounds a group; B 2 halves them).
+ROUND_CASES = [*CASES, *(dataclasses.replace(case, name=f"{case.name}-rep16", hq=32, hkv=2)
+                         for case in CASES if case.name in ("ties-mid-chunk", "left-padding"))]
 
 
 def expected_rounds(case: LayerCase, config: KernelConfig) -> int:
@@ -31,7 +37,7 @@ def expected_rounds(case: LayerCase, config: KernelConfig) -> int:
 
 
 @pytest.mark.parametrize("programs", [8, 16, 32])
-@pytest.mark.parametrize("case", CASES, ids=lambda c: c.name)
+@pytest.mark.parametrize("case", ROUND_CASES, ids=lambda c: c.name)
 def test_rounds_give_the_oracles_anchors_and_the_one_launch_search_bit_for_bit(
         case: LayerCase, programs: int, gen: torch.Generator, monkeypatch) -> None:
     """Each round size: the oracle's anchor sets and scores, the same tensors as ``stripe_tiles``, and
@@ -55,9 +61,13 @@ def test_rounds_give_the_oracles_anchors_and_the_one_launch_search_bit_for_bit(
 
 
 def test_some_case_runs_in_several_rounds_per_group() -> None:
-    """The cases above split a KV group's queries into more than one round somewhere (the smallest rounds)."""
-    counts = [expected_rounds(c, KernelConfig(block_s=16, block_h=min(16, c.hq // c.hkv), block_q=1, num_warps=1,
-                                              programs_per_sm=8)) // c.hkv for c in CASES]
+    """At the smallest rounds, the test above splits some case's KV groups into three or more rounds
+    (its configuration: the variant's default for the case, with 8 programs per multiprocessor)."""
+    counts = []
+    for case in ROUND_CASES:
+        x = make_inputs(case, torch.Generator().manual_seed(0))
+        config = ROUNDS.default(problem_of(case, x)).replace(programs_per_sm=8)
+        counts.append(expected_rounds(case, config) // case.hkv)
     assert max(counts) >= 3
 
 
