@@ -1,6 +1,6 @@
 """The layer's stripe search alone at model M (GPU), for a profiler: a chunk of queries over a prefix of
 keys, searched ``--runs`` times with the dispatcher's choice or ``--variant``'s default; profile a
-launch after the first (compiled; ``stripe_rounds`` makes one launch per KV group and round).
+launch after the first (compiled).
 
 Prints the stripes each query scores, the key rows the search gathers (one 256-byte row per query,
 stripe and KV head) and the distinct key rows, the figures a profile's DRAM and L2 counts compare with.

@@ -5,7 +5,7 @@ Parts (``--parts``, default all, in this order):
   composition run on our anchors), the share of (head, query) rows whose anchors differ from the
   float64 search's, and a prefill chunk captured in a CUDA graph and replayed (also after moving
   the chunk) compared with eager;
-- sweep: the Triton searches' tiles (stripe_rounds also its round sizes) at 8192 over 139,264 and 32,768 over 1,048,576 keys;
+- sweep: both Triton searches' tiles at 8192 over 139,264 and 32,768 over 1,048,576 keys;
 - targets: the public op (tuned cache as installed), dense SDPA with the cuDNN and the flash backend
   forced (prefill: the chunk over the prefix without a mask plus the causal chunk over itself;
   training: causal), the original package's best path (``fused_prefill_with_swtriton_bucketed_gqa``)
@@ -36,10 +36,9 @@ from superlinear_ops.ops.inputs import decode_mask
 from superlinear_ops.ops.layer.composition import attention_layer
 from superlinear_ops.ops.layer.spans import spans_of_anchors
 from superlinear_ops.ops.layer_search.reference import search_reference
-from superlinear_ops.ops.layer_search.stripe_rounds import stripe_round_search
 from superlinear_ops.ops.layer_search.stripe_tile_search import stripe_tile_search
 from superlinear_ops.ops.layer_search.tiled_search import tiled_search
-from superlinear_ops.ops.layer_search.variants import search_default, stripe_round_default, stripe_tile_default
+from superlinear_ops.ops.layer_search.variants import search_default, stripe_tile_default
 from superlinear_ops.ops.span_attention.reference import span_forward_reference
 from superlinear_ops.problem import Problem
 from superlinear_ops.settings import SpanSettings
@@ -62,8 +61,6 @@ SWEEP = {  # per Triton search: its launcher and configurations
                                     for bq in (16, 32) for bh in (8, 16) for w in (4, 8) for st in (1, 2)]),
     "stripe_tiles": (stripe_tile_search, [KernelConfig(block_s=bs, block_h=16, block_q=1, num_warps=w)
                                           for bs in (16, 32, 64, 128) for w in (1, 2, 4)]),
-    "stripe_rounds": (stripe_round_search, [KernelConfig(block_s=bs, block_h=16, block_q=1, num_warps=w, programs_per_sm=p)
-                                            for bs in (16, 32) for w in (1, 2) for p in (8, 16, 32)]),
 }
 BACKENDS = {"cudnn": SDPBackend.CUDNN_ATTENTION, "flash": SDPBackend.FLASH_ATTENTION}
 ORIGINAL_SKIP = {"training 65536"}  # the original needs about 2.4 s per 16K step: 64K would take minutes
@@ -208,8 +205,8 @@ def sweep_shape(lq, lkv):
             rows.append(row)
     rows.sort(key=lambda r: r.get("ms", float("inf")))
     print(lq, lkv, rows[:3], flush=True)
-    return {"defaults": {"tiled_search": dict(search_default(problem)), "stripe_tiles": dict(stripe_tile_default(problem)),
-                         "stripe_rounds": dict(stripe_round_default(problem))}, "rows": rows}
+    return {"defaults": {"tiled_search": dict(search_default(problem)),
+                         "stripe_tiles": dict(stripe_tile_default(problem))}, "rows": rows}
 
 
 def sweep():

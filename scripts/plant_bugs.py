@@ -48,8 +48,6 @@ VARIANTS = "tests/ops/test_variants.py"
 LSK = "superlinear_ops/ops/layer_search/tiled_search.py"
 LSR = "superlinear_ops/ops/layer_search/reference.py"
 STS = "superlinear_ops/ops/layer_search/stripe_tile_search.py"
-SRS = "superlinear_ops/ops/layer_search/stripe_rounds.py"
-ROUNDS = "tests/ops/layer_search/test_stripe_rounds.py"
 TUNE = "superlinear_ops/tuner/tune.py"
 SEARCH = "superlinear_ops/tuner/search.py"
 SHAPES = "tests/ops/layer_search/test_search_shapes.py"
@@ -340,11 +338,6 @@ PLANTS = {
     "stripe-tile search drops a last stripe that ends its tile": (STS, "    valid = j < n_c\n", "    valid = (j < n_c) & ((offs_s < tl.max(offs_s, axis=0)) | (j + 1 < n_c))\n", f"{EDGES} -k stripe_tiles"),
     "stripe-tile search drops the last stripe past the first tile": (STS, "    valid = j < n_c\n", "    valid = (j < n_c) & ((j0 == 0) | (j + 1 < n_c))\n", f"{EDGES} -k stripe_tiles"),
     "stripe-tile search reads the table's last stripe at the one before": (STS, "tl.minimum(j, N_STRIPES - 1)", "tl.minimum(j, N_STRIPES - 2)", f"{EDGES} -k stripe_tiles"),
-    "stripe rounds: a last partial round never runs": (SRS, "for start in range(0, lq, per_round):", "for start in range(0, lq - per_round + 1, per_round):", ROUNDS),
-    "stripe rounds: every round reads the first round's positions": (SRS, "tables.positions[start:start + count]", "tables.positions[:count]", ROUNDS),
-    "stripe rounds: every round reads the first round's stripe counts": (SRS, "tables.count[start:start + count]", "tables.count[:count]", ROUNDS),
-    "stripe rounds: each group scored against the other group's keys": (SRS, "k_group = k_all[:, group:group + 1]", "k_group = k_all[:, groups - 1 - group:groups - group]", ROUNDS),
-    "stripe rounds: a round's size ignores the batch": (SRS, "// (triton.cdiv(group_heads, config.block_h) * batch))", "// triton.cdiv(group_heads, config.block_h))", f"{ROUNDS} -k fills_the_gpu"),
     "layer search drops a query block's last stripe": (LSK, "for j in range(0, tl.max(n_k, axis=0)):", "for j in range(0, tl.max(n_k, axis=0) - 1):", f"{EDGES} -k tiled_search"),
     "layer search reads the table's last stripe at the one before": (LSK, "tl.minimum(j, N_STRIPES - 1)", "tl.minimum(j, N_STRIPES - 2)", f"{EDGES} -k tiled_search"),
     "tuner: a sticky error leaves its worker in place": ("superlinear_ops/tuner/worker.py", "str(err))), err.sticky or not context_usable(bench.device)", "str(err))), not context_usable(bench.device)", "tests/tuner/test_worker_faults.py -k sticky"),

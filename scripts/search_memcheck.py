@@ -1,13 +1,12 @@
-"""The Triton searches under compute-sanitizer at a small masked shape (GPU).
+"""Both Triton searches under compute-sanitizer at a small masked shape (GPU).
 
 B 2 with a mask (left padding in row 0, a 400-key hole in row 1), a 40-query chunk ending 7 keys
 before the end of a 3000-key cache, sw_index 2 (many stripes), rep 16, 4 and 1; each variant's
 default tiles and the extremes of its declared space that pass its compile check (stripe tiles:
-block_s 16 and 128, one and two query blocks, 1 and 8 warps; stripe rounds: those tiles in rounds
-of 8 and 32 programs per multiprocessor; tiled search: block_q 16 and 64, 1 and 3 stages, 4 and 8
-warps). Anchor sets are compared with the float64 search, and the scores of equal anchor sets with
-its scores (relative to the scores' RMS); the script exits 1 when any anchor set differs or a score
-is off by more than 1e-4.
+block_s 16 and 128, one and two query blocks, 1 and 8 warps; tiled search: block_q 16 and 64,
+1 and 3 stages, 4 and 8 warps). Anchor sets are compared with the float64 search, and the scores
+of equal anchor sets with its scores (relative to the scores' RMS); the script exits 1 when any
+anchor set differs or a score is off by more than 1e-4.
 
     compute-sanitizer --tool memcheck python3 scripts/search_memcheck.py
 """
@@ -37,8 +36,6 @@ def extremes(name: str, rep: int) -> list[KernelConfig]:
     if name == "stripe_tiles":
         return [KernelConfig(block_s=s, block_h=heads, block_q=max(1, 16 // heads) * q, num_warps=w)
                 for s in (16, 128) for q in (1, 2) for w in (1, 8) if max(1, 16 // heads) * q <= 16]
-    if name == "stripe_rounds":
-        return [config.replace(programs_per_sm=p) for config in extremes("stripe_tiles", rep) for p in (8, 32)]
     return [KernelConfig(block_q=q, block_h=min(8, heads), num_warps=w, num_stages=st)
             for q in (16, 64) for w in (4, 8) for st in (1, 3)]
 
@@ -64,7 +61,7 @@ def main() -> int:
         expected, expected_scores = order.values, exact.scores.gather(-1, order.indices)
         scale = expected_scores[exact.anchors.sort(-1).values >= 0].pow(2).mean().sqrt()
         problem = Problem.for_layer(q1, k, settings.topk, True, 2, params.label, (3.0, 1.0, 0.55))
-        for name in ("stripe_tiles", "stripe_rounds", "tiled_search"):
+        for name in ("stripe_tiles", "tiled_search"):
             variant = REGISTRY.get("attention_layer", name)
             for config in [variant.default(problem), *extremes(name, rep)]:
                 if (why := variant.compile_check(problem, config)) is not None:

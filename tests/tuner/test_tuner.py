@@ -60,11 +60,10 @@ def restore_cache():
 
 
 def test_tune_quick_workload_end_to_end(tmp_path, restore_cache) -> None:
-    """Every problem gets 4 trials that ran (one past the layer search's three other variants'
-    defaults, which its study queues first); configurations the static check refused (some problems
+    """Every problem gets 3 trials that ran; configurations the static check refused (some problems
     draw them) come on top, with their reason, and the entry records every finished trial."""
     cache, storage = tmp_path / "cache.sqlite", str(tmp_path / "studies.sqlite")
-    settings = SearchSettings(trials=4, seed=1)
+    settings = SearchSettings(trials=3, seed=1)
     results = tune(str(QUICK), settings=settings, storage=storage, cache=str(cache), device=CPU, progress=False)
     cases = unique_cases(load(QUICK).cases(device_identity(CPU)))
     assert [r.label for r in results] == [c.label for c in cases]
@@ -74,7 +73,7 @@ def test_tune_quick_workload_end_to_end(tmp_path, restore_cache) -> None:
     for result, case in zip(results, cases):
         entry = entries[key_of(case.problem)]
         trials = optuna.load_study(study_name=study_name(key_of(case.problem), settings), storage=open_storage(storage)).trials
-        assert len(_counted(trials)) == 4 and result.trials == entry.trials == len(trials)
+        assert len(_counted(trials)) == 3 and result.trials == entry.trials == len(trials)
         assert 0 < result.best_ms < float("inf") and 0 < result.default_ms < float("inf")
         assert entry.median_ms == pytest.approx(result.best_ms) and entry.default_ms == pytest.approx(result.default_ms)
     assert any(r.pruned for r in results), "no problem drew a refused configuration: the test shows nothing of them"

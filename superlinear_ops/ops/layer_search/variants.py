@@ -88,32 +88,6 @@ STRIPE_TILES = Variant(
     "keys by one tensor-core dot (no product wasted at 16 heads per KV group); top-k in registers",
 )
 
-# --- attention_layer/stripe_rounds ---------------------------------------------------------------
-
-STRIPE_ROUND_SPACE = (*STRIPE_TILE_SPACE, Param("programs_per_sm", (8, 16, 32)))
-
-
-def stripe_round_default(problem: Problem) -> KernelConfig:
-    """``stripe_tile_default``'s tiles in rounds of 8 programs per multiprocessor: one wave of those
-    tiles on sm_90 at D = 128 (200 registers a one-warp program: 9 fit a multiprocessor), so that a
-    round's programs all start together."""
-    return stripe_tile_default(problem).replace(programs_per_sm=8)
-
-
-def stripe_round_search(q1, k, cache_position, attention_mask, settings: SpanSettings, config: KernelConfig):
-    """The layer's stripe-tile search launched in rounds of resident programs."""
-    from .stripe_rounds import stripe_round_search as search
-
-    return search(q1, k, cache_position, attention_mask, settings, config)
-
-
-STRIPE_ROUNDS = Variant(
-    op=ATTENTION_LAYER, name="stripe_rounds", launch=stripe_round_search, space=STRIPE_ROUND_SPACE,
-    reasons=search_reasons, compile_check=stripe_tile_check, default=stripe_round_default, priority=2,
-    description="stripe_tiles' kernel launched per KV group in rounds of programs_per_sm programs per multiprocessor, "
-    "so that the queries wanting one key row gather it while it is in L2",
-)
-
 # --- attention_layer/tiled_search ----------------------------------------------------------------
 
 SEARCH_SPACE = (  # queries and heads of one KV group per program
@@ -160,4 +134,4 @@ SEARCH_REFERENCE = Variant(
     "and fallback",
 )
 
-VARIANTS: tuple[Variant, ...] = (STRIPE_TILES, STRIPE_ROUNDS, TILED_SEARCH, SEARCH_REFERENCE)
+VARIANTS: tuple[Variant, ...] = (STRIPE_TILES, TILED_SEARCH, SEARCH_REFERENCE)

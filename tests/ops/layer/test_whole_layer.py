@@ -38,9 +38,7 @@ from superlinear_ops.ops.gate import EMPTY_SCORE
 from superlinear_ops.ops.layer.composition import attention_layer
 from superlinear_ops.registry import REGISTRY
 
-# stripe_rounds runs stripe_tiles' kernel in rounds: its anchors and scores are stripe_tiles' bit for bit
-# (tests/ops/layer_search/test_stripe_rounds.py), so the composition after it is the same as after stripe_tiles.
-LAYER_VARIANTS = [v for v in REGISTRY.variants("attention_layer") if v.name != "stripe_rounds"]
+LAYER_VARIANTS = REGISTRY.variants("attention_layer")
 
 
 CASE_IDS = [c.name for c in CASES]
