@@ -50,11 +50,20 @@ DenseCall = Callable[[bool], Callable[[], object]]
 @dataclass(frozen=True)
 class DenseCalls:
     """Dense attention on a problem's inputs: what is timed and one call per timed input (the time
-    is the mean over them), replayed from a CUDA graph when ``graph``."""
+    is the mean over them), replayed from a CUDA graph when ``graph``; ``flops``, the FLOPs of the
+    largest call (0 where they are negligible), says whether timing it is worth the wait."""
 
     kind: str
     calls: tuple[DenseCall, ...]
     graph: bool = False
+    flops: float = 0.0
+
+
+def dense_flops(q: torch.Tensor, keys: int, causal: bool) -> float:
+    """FLOPs of one dense attention forward of ``q`` [B, Hq, Lq, D] over ``keys`` keys: 4 D per
+    (query head, key) pair, half the pairs when causal."""
+    batch, heads, queries, head_dim = q.shape
+    return 4.0 * head_dim * batch * heads * queries * keys * (0.5 if causal else 1.0)
 
 
 def span_length(factors: tuple[float, float, float], t: int) -> int:
@@ -155,7 +164,8 @@ class OpSpec:
             k, v = grouped_heads(x, expand)
             return lambda: F.scaled_dot_product_attention(x.q, k, v, is_causal=causal, enable_gqa=not expand)
 
-        return DenseCalls("causal" if causal else "no causal mask", (forward_call,))
+        return DenseCalls("causal" if causal else "no causal mask", (forward_call,),
+                          flops=dense_flops(x.q, x.k.shape[2], causal))
 
     def warmup(self, problem: Problem, device: torch.device, public: PublicOps) -> None:
         """Run the public op once on zero inputs of ``problem``'s shape (the dispatcher's choice)."""

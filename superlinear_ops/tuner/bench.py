@@ -72,6 +72,9 @@ def traffic(case: Case, timed: Sequence[Inputs]) -> tuple[float, float]:
 
 
 DENSE_BACKENDS = ("CUDNN_ATTENTION", "FLASH_ATTENTION", "EFFICIENT_ATTENTION")  # SDPBackend names, fastest first on Hopper
+# Dense calls above this many FLOPs take over a second each at any tensor-core rate of today's GPUs
+# (about 5 PFLOP for 32,768 queries over 10M keys): not timed, the reason recorded instead.
+DENSE_FLOP_LIMIT = 1e15
 
 
 @dataclass(frozen=True)
@@ -121,8 +124,12 @@ def time_backends(make_call, device: torch.device, graph: bool, backends=DENSE_B
 def dense_times(bench: ProblemBench) -> DenseTimes:
     """Dense SDPA on the same inputs under each of ``DENSE_BACKENDS`` forced, what the op's spec
     compares with (``OpSpec.dense``; the mean over its timed inputs, e.g. a static cache's fills;
-    nothing for an op without a dense counterpart)."""
+    nothing for an op without a dense counterpart; the reason, untimed, for calls above ``DENSE_FLOP_LIMIT``)."""
     dense = bench.spec.dense(bench.case, bench.inputs)
+    if dense.flops > DENSE_FLOP_LIMIT:
+        reason = (f"not timed: {dense.flops / 1e15:.1f} PFLOP a call, over the {DENSE_FLOP_LIMIT / 1e15:g} PFLOP "
+                  "that a GPU does in about a second")
+        return DenseTimes(dense.kind, dict.fromkeys(DENSE_BACKENDS, reason))
     per_input = [time_backends(make_call, bench.device, graph=dense.graph) for make_call in dense.calls]
     merged = {name: (statistics.fmean(t[name] for t in per_input)
                      if all(isinstance(t.get(name), float) for t in per_input) else per_input[0][name])

@@ -10,7 +10,7 @@ import torch.nn.functional as F
 from ...launch import KernelConfig, LaunchGeometry
 from ...problem import SPAN_BACKWARD, SPAN_FORWARD, Problem
 from ..inputs import Inputs
-from ..spec import DenseCalls, OpSpec, Parts, PublicOps, grouped_heads, zero_inputs
+from ..spec import DenseCalls, OpSpec, Parts, PublicOps, dense_flops, grouped_heads, zero_inputs
 
 FORWARD = "forward"
 
@@ -55,7 +55,8 @@ class SpanBackward(OpSpec):
             q, k, v = (t.detach().clone().requires_grad_() for t in (x.q, *grouped_heads(x, expand)))
             return lambda: F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=not expand).backward(grad)
 
-        return DenseCalls("causal forward + backward", (training_call,))
+        return DenseCalls("causal forward + backward", (training_call,),
+                          flops=3.5 * dense_flops(x.q, x.k.shape[2], causal=True))  # 1 + 2.5 forwards
 
     def warmup(self, problem: Problem, device: torch.device, public: PublicOps) -> None:
         self.public_call(problem, zero_inputs(problem, device), public, requires_grad=True).sum().backward()
