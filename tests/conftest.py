@@ -1,5 +1,6 @@
-"""Test setup: Triton's interpreter on CPU tensors (set before Triton is imported), replayable
-seeds, and a cache environment isolated from the user's."""
+"""Test setup: Triton's interpreter on CPU tensors (set before Triton is imported; its fp32 to bf16
+conversion rounding to nearest as on the GPU), replayable seeds, and a cache environment isolated
+from the user's."""
 
 from __future__ import annotations
 
@@ -20,6 +21,10 @@ os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [_ROOT, os.environ.get("
 import pytest
 import torch
 from helpers import SEED_ENV, TRITON_SEARCHES, KernelSpy, SearchSpies, resolve_seed, seed_params
+from interpreter_rounding import round_bf16_to_nearest
+
+if os.environ.get("TRITON_INTERPRET") == "1":
+    round_bf16_to_nearest()  # fp32 -> bf16 rounded to nearest even, as on the GPU
 
 
 def pytest_configure(config) -> None:

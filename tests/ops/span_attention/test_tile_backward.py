@@ -16,8 +16,8 @@ from superlinear_ops.ops.span_attention.window_backward import window_tables
 SMALL = {**SPAN_TC_BACKWARD_DEFAULTS, "window_block_m": 16, "window_block_n": 16,
          "span_block_m": 16, "span_block_n": 16}
 # Elementwise |got - want| <= tol * (|want| + rms(want)) and ||got - want|| <= tol / 8 * ||want||.
-# 16-bit gradients see the rounded forward output through delta = dO.O (cancellation in dP - delta),
-# and the interpreter's bf16 stores truncate; the norm bound still fails a 1% error in every dtype.
+# 16-bit gradients see the rounded forward output through delta = dO.O (cancellation in dP - delta);
+# the norm bound still fails a 1% error in every dtype.
 GRAD_TOL = {torch.float32: 2e-5, torch.float16: 4e-3, torch.bfloat16: 4e-2}
 MIXED = {**SMALL, "window_block_m": 32, "span_block_m": 32}  # tiles of 32 rows, key blocks of 16
 
