@@ -20,7 +20,9 @@ bound's FLOPs over ours' time for prefill and training, TFLOP/s; its bytes over 
 GB/s); ours' kernels one by one (PyTorch profiler); training also replayed from a CUDA graph; for decode
 the dispatcher's choice and its source. Then the registers, spills and shared memory of every compiled variant of the package's Triton kernels.
 Every case of ours is timed before any dense backend runs (slow dense runs leave the GPU slower for a
-while). The JSON (``--out``) is rewritten after every step, so a run cut short keeps what it measured;
+while). The JSON (``--out``) is rewritten after every step, so a run cut short keeps what it measured,
+and ``--resume`` goes on with it on the same machine and tree, skipping what it holds (a run split over
+several calls, e.g. by ``--cases``; the tables then cover every case it holds);
 at the end it also holds ``report_tables``, the run as tables for ``docs/benchmarks/<gpu>.json``;
 the Markdown table goes to stdout and next to the JSON (same name, ``.md``). With ``--memcheck REGEX``, the
 variants whose name matches run last under compute-sanitizer's memcheck at small shapes, every layout of the
@@ -43,6 +45,7 @@ import json
 import math
 import os
 import re
+import socket
 import subprocess
 import sys
 import time
@@ -251,6 +254,28 @@ def git_state() -> dict:
         return {"commit": None, "tree_modified": None}
 
 
+def measured(row: dict | None, phase: str) -> bool:
+    """Whether ``row`` already holds its ``phase`` ('ours' or 'dense'): a time or that phase's error."""
+    if row is None:
+        return False
+    return f"{phase}_error" in row or ("ours_ms" in row if phase == "ours" else "sdpa_cudnn_ms" in row)
+
+
+def resumed(out: Path, fresh: dict, parser: argparse.ArgumentParser) -> dict:
+    """The run in ``out`` to go on with, refused (through ``parser``) unless it was measured on this machine
+    (GPU and host) from this tree (commit and whether tracked files differed): timings of one run only."""
+    try:
+        report = json.loads(out.read_text())
+    except (OSError, ValueError) as err:
+        parser.error(f"--resume: cannot read {out} ({err}); run without --resume to start it")
+    same = ("device", "host", "commit", "tree_modified")
+    differ = [f"{key} {report.get(key)!r} there, {fresh[key]!r} here" for key in same if report.get(key) != fresh[key]]
+    if differ:
+        parser.error(f"--resume: {out} is another run ({'; '.join(differ)}); start a new file")
+    report.setdefault("resumed", []).append({"date": fresh["date"], "command": fresh["command"]})
+    return report
+
+
 def fmt(value: float | None, digits: int = 4) -> str:
     """A number for the Markdown table ('-' for none)."""
     return "-" if value is None else f"{value:.{digits}g}"
@@ -362,6 +387,9 @@ def main() -> None:
     parser.add_argument("--commit", help="the commit measured, for the report tables (default: git's HEAD here)")
     parser.add_argument("--cases", default="", help="only the cases whose name matches this regular expression, e.g. '^decode .*B=16'")
     parser.add_argument("--memcheck", metavar="REGEX", help="at the end, memcheck the variants whose name matches at small shapes")
+    parser.add_argument("--resume", action="store_true",
+                        help="go on with --out's run on the same machine and tree: skip what it measured, add the rest "
+                        "(one run split over several calls, e.g. --cases '^(prefill|training)' then --cases '^decode')")
     args = parser.parse_args()
     try:
         targets = [t for t in all_targets() if re.search(args.cases, t.name)]
@@ -377,12 +405,16 @@ def main() -> None:
         raise SystemExit("targets.py needs a CUDA GPU; none is available")
     device = torch.device("cuda")
     cases = {c.label: c for c in load(WORKLOAD).cases(device_identity(device)) if c.problem.op == STAGED_DECODE}
-    report = {"device": torch.cuda.get_device_name(), "torch": torch.__version__, "triton": triton.__version__,
-              "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"), **git_state(),
-              "command": " ".join(sys.argv), "rows": {}}
+    report = {"device": torch.cuda.get_device_name(), "host": socket.gethostname(), "torch": torch.__version__,
+              "triton": triton.__version__, "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+              **git_state(), "command": " ".join(sys.argv), "rows": {}}
+    if args.resume:
+        report = resumed(args.out, report, parser)
     rows = report["rows"]
     warm_gpu()
     for t in targets:  # every case of ours before any dense backend
+        if measured(rows.get(t.name), "ours"):
+            continue
         rows[t.name] = {"kind": t.kind, "batch": t.batch, "queries": t.queries, "keys": t.keys, "mask": "10% holes" if t.holes else None}
         ours = (lambda t=t: layer_ours(t)) if t.kind != "decode" else (lambda t=t: decode_ours(decode_case(t, cases), device))
         step(rows[t.name], "ours", ours)
@@ -390,15 +422,20 @@ def main() -> None:
         save(report, args.out)
     for t in targets:
         row = rows[t.name]
+        if measured(row, "dense"):
+            continue
         dense = (lambda t=t: layer_dense(t)) if t.kind != "decode" else (lambda t=t: decode_dense(decode_case(t, cases), device))
         step(row, "dense", dense)
         if isinstance(row.get("ours_ms"), float) and isinstance(row.get("sdpa_cudnn_ms"), float):
             row["ours_over_cudnn"] = row["ours_ms"] / row["sdpa_cudnn_ms"]
         progress(t.name, "dense", row)
         save(report, args.out)
-    report["compiled_kernels"] = compiled_kernels()
+    earlier = report.get("compiled_kernels", [])  # a resumed run's: those compiled by its earlier calls
+    now = json.loads(json.dumps(compiled_kernels(), default=str))  # as the JSON holds them
+    report["compiled_kernels"] = earlier + [k for k in now if k not in earlier]
     if args.memcheck:
         step(report, "memcheck", lambda: {"memcheck": memcheck(args.memcheck)})
+    report["rows"] = {t.name: rows[t.name] for t in all_targets() if t.name in rows}  # the table's order, however resumed
     report["report_tables"] = report_tables(report, args.commit or report["commit"] or "unknown")
     save(report, args.out)
     table = markdown(report)
