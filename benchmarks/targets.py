@@ -66,8 +66,9 @@ from superlinear_ops import dispatch, torch_ops
 from superlinear_ops.launch import KernelConfig
 from superlinear_ops.layer_api import superlinear_attention
 from superlinear_ops.ops.layer_search.reference import search_reference
+from superlinear_ops.ops.span_attention.spec import TRAINING_FLOPS
 from superlinear_ops.problem import STAGED_DECODE, device_identity
-from superlinear_ops.tuner.bench import bound_of_traffic, traffic
+from superlinear_ops.tuner.bench import DENSE_FLOP_LIMIT, bound_of_traffic, traffic
 from superlinear_ops.tuner.runner import ProblemBench, make_inputs, measure
 from superlinear_ops.tuner.sanitize import sanitize
 from superlinear_ops.tuner.workload import Case, load
@@ -79,7 +80,6 @@ TRAINING = (4096, 16384, 65536)
 DECODE_CONTEXTS = (4096, 65536, 262144, 1048576)
 DECODE_SINGLE = (*DECODE_CONTEXTS, 10_000_000)  # B = 1, no mask
 DECODE_BATCHES = (4, 16)  # without a mask and with 10% holes
-DENSE_PREFILL_KEYS = 2_000_000  # dense prefill beyond this many keys takes seconds per call: not run
 DECODE_BACKENDS = ("CUDNN_ATTENTION", "FLASH_ATTENTION")
 KERNELS_KEPT = 12  # profiler rows kept per prefill / training case
 CHECKED_ROWS = {1_048_576: 32, 10_000_000: 8}  # prefill query rows checked against float64 (default 16)
@@ -174,10 +174,9 @@ def prefill_errors(target: Target, q1, q2, k, v, cp, anchors: torch.Tensor) -> d
 def layer_dense(target: Target) -> dict:
     """Dense SDPA on a prefill or training case, cuDNN and flash forced (or why it is not run)."""
     training = target.kind == "training"
-    if target.keys > DENSE_PREFILL_KEYS:
-        flop = 4 * D * HQ * target.queries * (target.keys - target.queries / 2)
-        reason = (f"not run: {flop / 1e15:.1f} PFLOP per call (at least {flop / BF16_FLOPS:.0f} s at 790 TFLOP/s; "
-                  f"about 10 s at the rates dense SDPA reaches)")
+    flop = 4 * D * HQ * target.queries * (target.keys - target.queries / 2) * (TRAINING_FLOPS if training else 1.0)
+    if flop > DENSE_FLOP_LIMIT:  # the library's rule for bench and verify
+        reason = f"not run: {flop / 1e15:.1f} PFLOP per call (at least {flop / BF16_FLOPS:.0f} s at 790 TFLOP/s)"
         return {**dense_columns("cudnn", None, reason), **dense_columns("flash", None, reason)}
     _, q2, k, v, _, _ = inputs(target.queries, target.keys, seed=4)
     grad = torch.randn(1, HQ, target.queries, D, device=k.device, dtype=torch.bfloat16)

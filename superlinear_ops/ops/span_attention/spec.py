@@ -13,6 +13,7 @@ from ..inputs import Inputs
 from ..spec import DenseCalls, OpSpec, Parts, PublicOps, dense_flops, grouped_heads, zero_inputs
 
 FORWARD = "forward"
+TRAINING_FLOPS = 3.5  # forward + backward: 1 + 2.5 forwards of FLOPs
 
 
 class SpanForward(OpSpec):
@@ -46,7 +47,7 @@ class SpanBackward(OpSpec):
 
     def traffic(self, case, timed) -> tuple[float, float]:
         bytes_, flops = super().traffic(case, timed)
-        return 3 * bytes_, 3.5 * flops  # forward + backward: 1 + 2.5 forwards of FLOPs
+        return 3 * bytes_, TRAINING_FLOPS * flops
 
     def dense(self, case, x: Inputs) -> DenseCalls:
         grad = torch.randn_like(x.q)
@@ -56,7 +57,7 @@ class SpanBackward(OpSpec):
             return lambda: F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=not expand).backward(grad)
 
         return DenseCalls("causal forward + backward", (training_call,),
-                          flops=3.5 * dense_flops(x.q, x.k.shape[2], causal=True))  # 1 + 2.5 forwards
+                          flops=TRAINING_FLOPS * dense_flops(x.q, x.k.shape[2], causal=True))
 
     def warmup(self, problem: Problem, device: torch.device, public: PublicOps) -> None:
         self.public_call(problem, zero_inputs(problem, device), public, requires_grad=True).sum().backward()
