@@ -13,7 +13,7 @@ by one (PyTorch profiler), and the lower bound (``span_forward_tiles.lower_bound
 TFLOP/s of its FLOPs in each time. The JSON (``--out``) is rewritten after every case.
 
     PYTHONPATH=. python benchmarks/hopper_span_tiles.py --out hopper_span_tiles.json [--cases 3]
-    PYTHONPATH=. python benchmarks/hopper_span_tiles.py --cases 2 --cpu-bounds 0 1 --out bounds.json  # CPU
+    PYTHONPATH=. python benchmarks/hopper_span_tiles.py --cases 2 --cpu-bounds 0 1 --gpu 'NVIDIA H100 80GB HBM3' --out bounds.json  # CPU
 """
 
 from __future__ import annotations
@@ -31,6 +31,7 @@ from span_forward_tiles import WINDOW, errors, lower_bound, profile, reference_r
 from superlinear_ops import dispatch
 from superlinear_ops.launch import LaunchGeometry
 from superlinear_ops.problem import SPAN_FORWARD, Problem, device_identity
+from superlinear_ops.tuner.bench import PEAKS
 
 CASES = [(8192, 16384), (32768, 1048576), (32768, 10_000_000), (8192, 139264)]  # (queries, keys), chunk at the end
 TILES = [(128, 3, 2), (128, 3, 1), (128, 2, 2), (64, 3, 2), (64, 3, 1), (64, 4, 2)]  # (block_n, stages, mma_turns)
@@ -119,9 +120,9 @@ def run_case(lq: int, lkv: int, gen: torch.Generator, dev: torch.device) -> dict
     return row
 
 
-def cpu_bounds(cases: list[tuple[int, int]], seeds: list[int]) -> list[dict]:
-    """Each case's lower bound on spans drawn alike on the CPU, per seed (the anchors are random, so
-    the spans clamped at the window's edge and at key 0 differ from draw to draw)."""
+def cpu_bounds(cases: list[tuple[int, int]], seeds: list[int], gpu: str) -> list[dict]:
+    """Each case's lower bound on the GPU named ``gpu``, on spans drawn alike on the CPU, per seed (the
+    anchors are random, so the spans clamped at the window's edge and at key 0 differ from draw to draw)."""
     rows = []
     for lq, lkv in cases:
         positions = torch.arange(lkv - lq, lkv)
@@ -129,7 +130,7 @@ def cpu_bounds(cases: list[tuple[int, int]], seeds: list[int]) -> list[dict]:
         for seed in seeds:
             qstart, qend = spans(torch.Generator().manual_seed(seed), lq, positions, lkv, WINDOW)
             geo = LaunchGeometry.prepare(q, k, k, qstart, qend, positions, None, WINDOW)
-            rows.append({"case": f"{lq} over {lkv}", "seed": seed, "bound": lower_bound(geo)})
+            rows.append({"case": f"{lq} over {lkv}", "seed": seed, "bound": lower_bound(geo, gpu)})
             print(rows[-1], flush=True)
     return rows
 
@@ -140,9 +141,11 @@ def main() -> int:
     parser.add_argument("--cases", type=int, default=len(CASES), help="the first N cases (default: all)")
     parser.add_argument("--cpu-bounds", type=int, nargs="+", metavar="SEED",
                         help="only the cases' lower bounds, on spans drawn on the CPU with each seed (no GPU needed)")
+    parser.add_argument("--gpu", default="NVIDIA H100 80GB HBM3", choices=sorted(PEAKS),
+                        help="with --cpu-bounds: the GPU whose measured peaks bound the time (default: %(default)s)")
     args = parser.parse_args()
     if args.cpu_bounds:
-        args.out.write_text(json.dumps(cpu_bounds(CASES[: args.cases], args.cpu_bounds), indent=1))
+        args.out.write_text(json.dumps(cpu_bounds(CASES[: args.cases], args.cpu_bounds, args.gpu), indent=1))
         return 0
     if not torch.cuda.is_available() or torch.cuda.get_device_capability() != (9, 0):
         print("hopper_span_tiles.py needs an sm_90 GPU (H100 or H200)", file=sys.stderr)

@@ -34,8 +34,8 @@ from superlinear_ops.ops.span_attention.tile_forward import span_forward_tc, spa
 from superlinear_ops.ops.span_attention.variants import TC_FORWARD_DEFAULTS, tc_forward_default
 from superlinear_ops.ops.span_attention.window_forward import window_attention, window_attention_kernel
 from superlinear_ops.problem import SPAN_FORWARD, Problem
+from superlinear_ops.tuner.bench import device_peaks
 
-BANDWIDTH, BF16_FLOPS = 4.3e12, 790e12
 B, HQ, HKV, D, K_SPANS = 1, 32, 2, 128, 3
 WINDOW = window_len_from_sw_index(65, search_power=0.55, inv_search_power_int=None)  # 2032
 CASES = {  # name: (queries, keys); prefill chunks end at the last key, training has Lq = Lkv
@@ -139,7 +139,11 @@ def time_few(fn, n=3):
     return statistics.median(times)
 
 
-def lower_bound(geo):
+def lower_bound(geo, gpu: str | None = None):
+    """The span forward's bytes over the GPU's bandwidth or its FLOPs over its tensor-core rate (ms);
+    ``gpu``: the GPU's name (default: the current CUDA device's)."""
+    gpu = gpu or torch.cuda.get_device_name()
+    bandwidth, rate = device_peaks(gpu)
     lq, lkv = geo.q.shape[2], geo.k.shape[2]
     pos = geo.cache_position.long().clamp(max=lkv - 1)
     window_keys = (pos - (pos - geo.window + 1).clamp(min=0) + 1).clamp(min=0).sum().item() * HQ
@@ -147,7 +151,7 @@ def lower_bound(geo):
     span_keys = (hi.long() - lo.long() + 1).clamp(min=0).sum().item()
     flops = 4 * D * (window_keys + span_keys)
     bytes_ = 2 * (geo.q.numel() + 2 * geo.k.numel() + B * HQ * lq * K_SPANS * D) + 4 * B * HQ * lq * K_SPANS
-    return {"flops": flops, "bytes": bytes_, "ms": 1e3 * max(bytes_ / BANDWIDTH, flops / BF16_FLOPS),
+    return {"flops": flops, "bytes": bytes_, "ms": 1e3 * max(bytes_ / bandwidth, flops / rate), "gpu": gpu,
             "window_keys": window_keys, "span_keys": span_keys}
 
 

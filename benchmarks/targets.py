@@ -59,7 +59,7 @@ import whole_layer
 from decode_masks import sdpa_times  # this folder's decode helpers
 from decode_variants import api_call, kernel_times
 from span_forward_tiles import bench, kernel_registers, profile
-from whole_layer import ARGS, BF, BF16_FLOPS, FF, HQ, POWER, SETTINGS, SPAN_POWER, SW_INDEX, TOPK, D, captured, dense_times, inputs, warm_gpu
+from whole_layer import ARGS, BF, FF, HQ, POWER, SETTINGS, SPAN_POWER, SW_INDEX, TOPK, D, captured, dense_times, inputs, warm_gpu
 from whole_layer import lower_bound as layer_bound
 
 from superlinear_ops import dispatch, torch_ops
@@ -68,7 +68,7 @@ from superlinear_ops.layer_api import superlinear_attention
 from superlinear_ops.ops.layer_search.reference import search_reference
 from superlinear_ops.ops.span_attention.spec import TRAINING_FLOPS
 from superlinear_ops.problem import STAGED_DECODE, device_identity
-from superlinear_ops.tuner.bench import DENSE_FLOP_LIMIT, bound_of_traffic, traffic
+from superlinear_ops.tuner.bench import DENSE_FLOP_LIMIT, bound_of_traffic, device_peaks, traffic
 from superlinear_ops.tuner.runner import ProblemBench, make_inputs, measure
 from superlinear_ops.tuner.sanitize import sanitize
 from superlinear_ops.tuner.workload import Case, load
@@ -176,7 +176,8 @@ def layer_dense(target: Target) -> dict:
     training = target.kind == "training"
     flop = 4 * D * HQ * target.queries * (target.keys - target.queries / 2) * (TRAINING_FLOPS if training else 1.0)
     if flop > DENSE_FLOP_LIMIT:  # the library's rule for bench and verify
-        reason = f"not run: {flop / 1e15:.1f} PFLOP per call (at least {flop / BF16_FLOPS:.0f} s at 790 TFLOP/s)"
+        rate = whole_layer.peaks()[1]
+        reason = f"not run: {flop / 1e15:.1f} PFLOP per call (at least {flop / rate:.0f} s at {rate / 1e12:.0f} TFLOP/s)"
         return {**dense_columns("cudnn", None, reason), **dense_columns("flash", None, reason)}
     _, q2, k, v, _, _ = inputs(target.queries, target.keys, seed=4)
     grad = torch.randn(1, HQ, target.queries, D, device=k.device, dtype=torch.bfloat16)
@@ -334,7 +335,9 @@ def report_tables(report: dict, commit: str) -> list[dict]:
                "gbs": f"{row['throughput']['value']:.0f}", "error": f"{row['error_vs_float64_reference']:.1e}"}
               for name, row in rows if row["kind"] == "decode" and "ours_ms" in row]
     shared = {"date": date, "commit": commit, "command": command, "dense_backend": "cuDNN"}
-    layer_table = {**shared, "units": "ms", "bound": "max(bytes / 4.3 TB/s, FLOPs / 790 TFLOP/s) (whole_layer.lower_bound)"}
+    bandwidth, rate = device_peaks(report["device"])
+    layer_table = {**shared, "units": "ms",
+                   "bound": f"max(bytes / {bandwidth / 1e12:.1f} TB/s, FLOPs / {rate / 1e12:.0f} TFLOP/s) (whole_layer.lower_bound)"}
     columns = {"flash": "dense (flash)", "search": "search alone", "span_tiles": "span tiles kernel"}
     throughput_note = "TFLOP/s: the bound's FLOPs (attended pairs and stripe scores) over ours' time."
     tables = [

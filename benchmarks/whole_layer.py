@@ -42,6 +42,7 @@ from superlinear_ops.ops.layer_search.variants import search_default, stripe_til
 from superlinear_ops.ops.span_attention.reference import span_forward_reference
 from superlinear_ops.problem import Problem
 from superlinear_ops.settings import SpanSettings
+from superlinear_ops.tuner.bench import device_peaks
 
 HQ, HKV, D, TOPK = 32, 2, 128, 3
 SW_INDEX, POWER, SPAN_POWER, BF, FF = 65, 0.55, 0.55, 3.0, 1.0
@@ -51,7 +52,6 @@ WINDOW = geometry.window_length(SW_INDEX, PARAMS)
 SETTINGS = SpanSettings(SW_INDEX, TOPK, BF, FF, SPAN_POWER, PARAMS)
 ARGS = dict(sw_index=SW_INDEX, topk=TOPK, backward_factor=BF, forward_factor=FF, span_power=SPAN_POWER,
             search_power=POWER, inv_search_power_int=None)
-BANDWIDTH, BF16_FLOPS, FP32_FMA_FLOPS = 4.3e12, 790e12, 67e12
 PREFILL = [(8192, 8192), (8192, 16384), (8192, 32768), (8192, 65536), (8192, 139264), (8192, 1048576), (32768, 1048576)]
 TRAINING = [4096, 16384, 65536]
 PROFILED = {"prefill 8192 over 16384", "prefill 8192 over 139264", "prefill 32768 over 1048576", "training 16384"}
@@ -215,9 +215,16 @@ def sweep():
     return res
 
 
+def peaks():
+    """This GPU's copy bandwidth (bytes/s) and bf16 tensor-core rate (FLOP/s), as measured
+    (``tuner.bench.PEAKS``; nan for a GPU with no figures)."""
+    return device_peaks(torch.cuda.get_device_name())
+
+
 def lower_bound(lq, lkv, training, anchors, cp):
-    """Bytes over bandwidth or FLOPs over the tensor-core rate, for the layer and for the search;
-    also the search's gathered key rows over bandwidth (one 2*D-byte row per (query, KV head, stripe))."""
+    """Bytes over this GPU's bandwidth or FLOPs over its tensor-core rate, for the layer and for the
+    search; also the search's gathered key rows over bandwidth (one 2*D-byte row per (query, KV head, stripe))."""
+    bandwidth, rate = peaks()
     qstart, qend = spans_of_anchors(anchors, cp, lkv, None, SETTINGS.for_keys(lkv))
     pos = cp.long().clamp(max=lkv - 1)
     lo_w = (pos - WINDOW + 1).clamp(min=0)
@@ -230,12 +237,13 @@ def lower_bound(lq, lkv, training, anchors, cp):
     bytes_ = 2 * (2 * HQ * lq * D + 2 * HKV * lkv * D + HQ * lq * TOPK * D) * (3 if training else 1)
     search_bytes = 2 * (HQ * lq * D + HKV * lkv * D)
     gathered = 2 * D * HKV * stripe_total
-    ms = 1e3 * max(bytes_ / BANDWIDTH, (attn + search) / BF16_FLOPS)
+    ms = 1e3 * max(bytes_ / bandwidth, (attn + search) / rate)
     return {"ms": ms, "attention_tflop": attn / 1e12, "search_tflop": search / 1e12, "gb": bytes_ / 1e9,
-            "search_ms": 1e3 * max(search_bytes / BANDWIDTH, search / BF16_FLOPS),
-            "search_gathered_gb": gathered / 1e9, "search_gathered_ms": 1e3 * gathered / BANDWIDTH,
-            "basis": "max(bytes / 4.3 TB/s, FLOPs / 790 TFLOP/s bf16 tensor cores); search alone likewise, and its "
-                     "gathered stripe rows / 4.3 TB/s (what an L2 miss on every row would cost)"}
+            "search_ms": 1e3 * max(search_bytes / bandwidth, search / rate),
+            "search_gathered_gb": gathered / 1e9, "search_gathered_ms": 1e3 * gathered / bandwidth,
+            "basis": f"max(bytes / {bandwidth / 1e12:.1f} TB/s, FLOPs / {rate / 1e12:.0f} TFLOP/s bf16 tensor cores); "
+                     f"search alone likewise, and its gathered stripe rows / {bandwidth / 1e12:.1f} TB/s (what an L2 "
+                     "miss on every row would cost)"}
 
 
 def dense_times(q, k, v, training, grad):

@@ -26,6 +26,12 @@ log = logging.getLogger(__name__)
 PEAKS = {"NVIDIA H200": (4.3e12, 790e12), "NVIDIA H100 80GB HBM3": (3.0e12, 798e12)}
 
 
+def device_peaks(device_name: str) -> tuple[float, float]:
+    """(copy bandwidth in bytes/s, bf16 tensor-core FLOP/s) measured on the GPU named ``device_name``
+    (``PEAKS``); nan for a GPU with no figures."""
+    return PEAKS.get(device_name, (math.nan, math.nan))
+
+
 @dataclass(frozen=True)
 class BenchRow:
     """One problem's timings (milliseconds) and its lower bound."""
