@@ -1,9 +1,12 @@
 #!/usr/bin/env bash
 # Tune, check or sweep model M on this machine's GPU (run from the repository root; optuna/sqlalchemy/platformdirs
 # wheels in .whl/ when the image lacks them):
-#   bash scripts/gpu_tune.sh OUT_DIR [tune [TRIALS SECONDS]|check|sweep REGEX SECONDS]
+#   bash scripts/gpu_tune.sh OUT_DIR [tune [TRIALS SECONDS]|retune REGEX [TRIALS SECONDS]|check|sweep REGEX SECONDS]
 # tune:  tune model M's workload (one worker per visible GPU, journal-file studies), export
 #        cache/nvidia-<gpu>.yaml, explain every problem with a clean user cache
+# retune: tune only the problems matching REGEX, starting from the shipped cache/nvidia-<gpu>.yaml (its
+#        winners are the earlier winners a study keeps while they are faster), export the file back and
+#        verify those problems with --require-all (e.g. after a new variant: '^(prefill|training [0-9]+ forward)')
 # check: verify the shipped file, bench the workload (JSON + PNG), then the side-by-side comparisons:
 #        prefill/training span attention (tensor-core and per-span kernels, dense SDPA, bounds, errors, per-kernel times)
 #        and the decode variants
@@ -34,6 +37,14 @@ tune)
     cp cache/nvidia-$gpu.yaml "$out/"
     slops explain --workload "$workload" > "$out/explain.txt"
     echo "problems served by the shipped file: $(grep -c 'source: shipped' "$out/explain.txt")"
+    ;;
+retune)
+    slops cache import cache/nvidia-$gpu.yaml --cache "$out/$gpu.sqlite"
+    slops tune "$workload" --problems "$3" --trials "${4:-12}" --timeout "${5:-120}" --workers "$gpus" \
+        --storage "$out/studies.log" --cache "$out/$gpu.sqlite" --no-progress 2>&1 | quiet
+    slops cache export --cache "$out/$gpu.sqlite" -o cache/nvidia-$gpu.yaml
+    cp cache/nvidia-$gpu.yaml "$out/"
+    slops verify "$workload" --problems "$3" --cache cache/nvidia-$gpu.yaml --require-all 2>&1 | quiet
     ;;
 check)
     slops verify "$workload" --require-all 2>&1 | quiet
