@@ -67,6 +67,7 @@ from superlinear_ops.launch import KernelConfig
 from superlinear_ops.layer_api import superlinear_attention
 from superlinear_ops.ops.layer_search.reference import search_reference
 from superlinear_ops.ops.span_attention.spec import TRAINING_FLOPS
+from superlinear_ops.ops.spec import dense_flops
 from superlinear_ops.problem import STAGED_DECODE, device_identity
 from superlinear_ops.tuner.bench import DENSE_FLOP_LIMIT, bound_of_traffic, device_peaks, traffic
 from superlinear_ops.tuner.runner import ProblemBench, make_inputs, measure
@@ -174,7 +175,9 @@ def prefill_errors(target: Target, q1, q2, k, v, cp, anchors: torch.Tensor) -> d
 def layer_dense(target: Target) -> dict:
     """Dense SDPA on a prefill or training case, cuDNN and flash forced (or why it is not run)."""
     training = target.kind == "training"
-    flop = 4 * D * HQ * target.queries * (target.keys - target.queries / 2) * (TRAINING_FLOPS if training else 1.0)
+    q = torch.empty(1, HQ, target.queries, D, device="meta")  # the chunk over the prefix, then over itself, causal
+    flop = (dense_flops(q, target.keys - target.queries, causal=False) + dense_flops(q, target.queries, causal=True)) \
+        * (TRAINING_FLOPS if training else 1.0)
     if flop > DENSE_FLOP_LIMIT:  # the library's rule for bench and verify
         rate = whole_layer.peaks()[1]
         reason = f"not run: {flop / 1e15:.1f} PFLOP per call (at least {flop / rate:.0f} s at {rate / 1e12:.0f} TFLOP/s)"

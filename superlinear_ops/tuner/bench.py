@@ -62,10 +62,9 @@ def lower_bound(case: Case, timed: Sequence[Inputs]) -> tuple[float, str]:
 
 def bound_of_traffic(case: Case, bytes_: float, flops: float) -> tuple[float, str]:
     """(ms, basis) of ``lower_bound`` for traffic already counted."""
-    peaks = PEAKS.get(case.problem.device.name)
-    if peaks is None:
-        return float("nan"), "no peak figures for this device"
-    bandwidth, rate = peaks
+    bandwidth, rate = device_peaks(case.problem.device.name)
+    if math.isnan(bandwidth):
+        return math.nan, "no peak figures for this device"
     seconds = max(bytes_ / bandwidth, flops / rate)
     basis = f"{bytes_ / 1e9:.3g} GB at {bandwidth / 1e12:.1f} TB/s, {flops / 1e12:.3g} TFLOP at {rate / 1e12:.0f} TFLOP/s"
     return seconds * 1e3, basis
